@@ -1,0 +1,5 @@
+import sys
+
+from flowpulse.cli import main
+
+sys.exit(main())

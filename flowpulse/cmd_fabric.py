@@ -1,0 +1,128 @@
+"""``flowpulse fabric up|down|status|ping``: build, inspect and remove a testbed."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flowpulse.cli import Formatter, add_common, emit, table
+from flowpulse.errors import SpecError
+from netns_testbed.topo import SPRAY_MODE_HELP, SPRAY_MODES, FabricSpec
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fabric", help="build, inspect and remove the namespace testbed", formatter_class=Formatter)
+    fsub = p.add_subparsers(dest="fabric_cmd", metavar="ACTION", required=True)
+
+    up = fsub.add_parser("up", help="build a leaf-spine fabric with the eBPF datapath", formatter_class=Formatter,
+                         epilog="examples:\n  sudo flowpulse fabric up\n"
+                                "  sudo flowpulse fabric up --prefix t2 --leaves 2 --spines 3 --hosts-per-leaf 1\n"
+                                "  sudo flowpulse fabric up --spray random --out-of-service 'leaf0<->spine1'\n"
+                                "spray modes:\n" + "\n".join(f"  {k:7s} {v}" for k, v in SPRAY_MODE_HELP.items()))
+    add_fabric_args(up)
+    add_common(up)
+    up.add_argument("--dump-bpf", action="store_true", help=argparse.SUPPRESS)
+    up.set_defaults(func=cmd_up)
+
+    down = fsub.add_parser("down", help="remove a testbed (idempotent)", formatter_class=Formatter)
+    add_common(down)
+    down.add_argument("--all", action="store_true", help="remove every FlowPulse testbed on this machine")
+    down.set_defaults(func=cmd_down)
+
+    st = fsub.add_parser("status", help="show testbeds and their settings", formatter_class=Formatter)
+    add_common(st)
+    st.set_defaults(func=cmd_status)
+
+    pg = fsub.add_parser("ping", help="all-pairs ICMP reachability between hosts", formatter_class=Formatter)
+    add_common(pg)
+    pg.add_argument("--count", type=int, default=1, help="echo requests per pair")
+    pg.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each reply")
+    pg.set_defaults(func=cmd_ping)
+
+
+def add_fabric_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--leaves", type=int, default=4, help="leaf switches")
+    p.add_argument("--spines", type=int, default=4, help="spine switches")
+    p.add_argument("--hosts-per-leaf", type=int, default=2, help="hosts under each leaf")
+    p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (jumbo up to 9000)")
+    p.add_argument("--spray", choices=SPRAY_MODES, default="rrdst", help="per-packet spray mode at the leaves")
+    p.add_argument("--gap-ms", type=float, default=50.0, help="idle gap (ms) that ends a traffic pulse")
+    p.add_argument("--weight", action="append", default=[], metavar="LINK=W",
+                   help="spray weight of a leaf->spine uplink (repeatable; default 1)")
+    p.add_argument("--out-of-service", action="append", default=[], metavar="LINK",
+                   help="leaf<->spine link taken out of spraying and routing (repeatable)")
+    p.add_argument("--no-datapath", action="store_true", help="plain kernel ECMP, no eBPF (baseline)")
+    p.add_argument("--offloads", action="store_true", help="leave TSO/GSO/GRO on (one skb is then many frames)")
+
+
+def options_from_args(args: argparse.Namespace):
+    from netns_testbed.builder import UpOptions
+
+    weights = {}
+    for item in args.weight:
+        link, sep, w = item.rpartition("=")
+        if not sep:
+            raise SpecError(f"bad --weight {item!r}: write LINK=W, e.g. leaf0->spine1=2")
+        try:
+            weights[link] = float(w)
+        except ValueError:
+            raise SpecError(f"bad --weight {item!r}: W must be a number") from None
+    spec = FabricSpec(leaves=args.leaves, spines=args.spines, hosts_per_leaf=args.hosts_per_leaf, mtu=args.mtu)
+    return spec, UpOptions(spray=args.spray, gap_ms=args.gap_ms, weights=weights,
+                           out_of_service=args.out_of_service, datapath=not args.no_datapath,
+                           offloads=args.offloads)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from netns_testbed import builder
+    from netns_testbed.datapath import SwitchShape, bpf_source_with_flags
+    from netns_testbed.topo import Fabric
+
+    spec, opts = options_from_args(args)
+    if args.dump_bpf:
+        fabric = Fabric(spec)
+        print(bpf_source_with_flags(SwitchShape.of(fabric, fabric.leaves[0])))
+        return 0
+    tb = builder.up(args.prefix, spec, opts, progress=lambda m: print(f"[{args.prefix}] {m}", file=sys.stderr))
+    emit(args, builder.status(args.prefix), lambda s: f"testbed {tb.prefix}: {len(tb.fabric.leaves)} leaves, "
+         f"{len(tb.fabric.spines)} spines, {len(tb.fabric.hosts)} hosts, spray {opts.spray}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from netns_testbed import builder
+    from netns_testbed.nsutil import require_root
+
+    require_root()
+    prefixes = sorted(builder.list_testbeds()) if args.all else [args.prefix]
+    result = {p: len(builder.down(p)) for p in prefixes}
+    emit(args, result, lambda r: "\n".join(f"testbed {p}: removed {n} namespaces" for p, n in r.items()) or "nothing to remove")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from netns_testbed import builder
+
+    beds = builder.list_testbeds()
+    if args.prefix in beds or not beds:
+        data = [builder.status(args.prefix)]
+    else:
+        data = [builder.status(p) for p in sorted(beds)]
+    emit(args, data, lambda d: table(d, ["prefix", "status", "namespaces", "spray", "faults", "healthy"]))
+    return 0 if all(d.get("healthy") for d in data) else 1
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    from netns_testbed.nsutil import require_root
+    from netns_testbed.ping import all_pairs
+    from netns_testbed.state import Testbed
+
+    require_root()
+    tb = Testbed.load(args.prefix)
+    results = all_pairs(tb, args.count, args.timeout)
+    rows = [{"src": r.src, "dst": r.dst, "sent": r.sent, "received": r.received,
+             "rtt_ms": None if r.rtt_ms is None else round(r.rtt_ms, 3)} for r in results]
+    bad = [r for r in results if not r.ok]
+    emit(args, {"pairs": len(rows), "failed": len(bad), "results": rows},
+         lambda d: (table([r for r in rows if not r["received"]], ["src", "dst", "sent", "received"]) + "\n" if bad else "")
+         + f"{d['pairs'] - d['failed']}/{d['pairs']} host pairs reachable")
+    return 1 if bad else 0

@@ -1,0 +1,268 @@
+// FlowPulse switch datapath: one instance per switch namespace, attached with
+// tc clsact (direct-action) to every port of the switch.
+//
+//   ingress: fault (link faults that act before this switch counts)
+//            -> count (per port, direction, source leaf, packet kind)
+//            -> spray (leaves only, packets from a host port to another leaf)
+//   egress:  count -> fault (faults on leaf->host links, after counting)
+//
+// Compile-time parameters (-D, set by datapath.py from the fabric model):
+//   NPORTS   ports of this switch          NLEAVES  leaves in the fabric
+//   NSRC     NLEAVES + 2 source classes    IS_LEAF  1 on leaves, 0 on spines
+//   LEAF_ID  this leaf's number            NUPLINKS spines (leaf uplinks are ports 0..NUPLINKS-1)
+//
+// Maps are pinned by the loader so that the CLI and the agents (other
+// processes) read counters and set faults while the programs stay attached.
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
+
+#include "switch.h"
+
+// BCC 0.26 declares bpf_redirect_neigh with 3 arguments; the kernel takes 4.
+static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
+    (void *)BPF_FUNC_redirect_neigh;
+
+BPF_PERCPU_ARRAY(counters, struct fp_counter, NPORTS * 2 * NSRC * FP_NKIND);
+BPF_HASH(ifindex_port, u32, u32, 256);             // this namespace's ifindex -> port
+BPF_ARRAY(port_ifindex, u32, NPORTS);              // port -> ifindex (redirect target)
+BPF_ARRAY(config, struct fp_config, 1);
+BPF_ARRAY(pulse, u64, 2);                          // [0] packed id/last time, [1] start ns
+BPF_ARRAY(spray, struct fp_spray, NLEAVES);        // per destination leaf
+BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
+BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
+BPF_PERCPU_ARRAY(fault_stats, struct fp_fault_stats, NPORTS * 2);
+BPF_PERCPU_ARRAY(spray_stats, u64, NPORTS);        // packets sprayed to each uplink
+
+struct pkt_info {
+    u32 src;        // source class: 1..NLEAVES = source leaf + 1, 0 other IPv4, NSRC-1 not IPv4
+    u32 kind;       // FP_KIND_*
+    u32 dst_leaf;   // destination leaf + 1 from the destination address, 0 if none
+    u32 flow_hash;
+    u32 saddr, daddr;
+    struct iphdr *iph;
+};
+
+static __always_inline u32 leaf_class(u32 addr_be) {
+    u32 a = bpf_ntohl(addr_be);
+    u32 second = (a >> 16) & 0xff;
+    if ((a >> 24) == 10 && second >= 1 && second <= NLEAVES)
+        return second;
+    return 0;
+}
+
+// Real switches discard frames that fail the FCS and count them as errors; here
+// a corrupted IPv4 header (bad checksum) plays that part.
+static __always_inline int ipv4_header_ok(struct iphdr *iph, void *data_end) {
+    u16 *w = (u16 *)iph;
+    if ((void *)(w + 10) > data_end)
+        return 0;
+    u32 sum = 0;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        sum += w[i];
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    return sum == 0xffff;
+}
+
+static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi) {
+    void *data = (void *)(long)skb->data;
+    void *data_end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    pi->src = NSRC - 1;
+    pi->kind = FP_KIND_NONIP;
+    pi->dst_leaf = 0;
+    pi->flow_hash = 0;
+    pi->saddr = pi->daddr = 0;
+    pi->iph = 0;
+    if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+        return;
+    struct iphdr *iph = (void *)(eth + 1);
+    if ((void *)(iph + 1) > data_end)
+        return;
+    pi->iph = iph;
+    pi->saddr = iph->saddr;
+    pi->daddr = iph->daddr;
+    pi->src = leaf_class(iph->saddr);
+    pi->dst_leaf = leaf_class(iph->daddr);
+    if (!ipv4_header_ok(iph, data_end)) {
+        pi->kind = FP_KIND_BADHDR;
+        return;
+    }
+    u32 ports = 0;
+    pi->kind = FP_KIND_OTHER;
+    u32 ihl = iph->ihl * 4;
+    if (iph->protocol == IPPROTO_TCP && ihl == sizeof(*iph)) {
+        struct tcphdr *th = (void *)iph + sizeof(*iph);
+        if ((void *)(th + 1) <= data_end) {
+            u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
+            pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
+            ports = ((u32)th->source << 16) | th->dest;
+        }
+    } else if (iph->protocol == IPPROTO_UDP && ihl == sizeof(*iph)) {
+        struct udphdr *uh = (void *)iph + sizeof(*iph);
+        if ((void *)(uh + 1) <= data_end)
+            ports = ((u32)uh->source << 16) | uh->dest;
+    }
+    // Flow hash for "partial" faults (a fraction of flows); stable per 5-tuple.
+    u32 h = pi->saddr * 0x9e3779b1u;
+    h ^= pi->daddr + 0x7f4a7c15u + (h << 6) + (h >> 2);
+    h ^= ports + iph->protocol + 0x165667b1u + (h << 6) + (h >> 2);
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    pi->flow_hash = h;
+}
+
+// Pulses: an idle gap longer than config.gap_units (units of 2^20 ns) between
+// IPv4 packets starts a new pulse. The id and last-seen time share one 64-bit
+// word so that a racing CPU sees either the old or the new pair, never a mix.
+static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
+    int k0 = 0, k1 = 1;
+    u64 *st = pulse.lookup(&k0);
+    if (!st)
+        return;
+    u64 old = *st;
+    u64 now_u = (now >> 20) & FP_PULSE_TIME_MASK;
+    u64 last_u = old & FP_PULSE_TIME_MASK;
+    u64 id = old >> FP_PULSE_TIME_BITS;
+    if (old == 0 || ((now_u - last_u) & FP_PULSE_TIME_MASK) > cfg->gap_units) {
+        id += 1;
+        u64 *start = pulse.lookup(&k1);
+        if (start)
+            *start = now;
+    } else if (now_u == last_u) {
+        return;  // same time unit: nothing to write
+    }
+    *st = (id << FP_PULSE_TIME_BITS) | now_u;
+}
+
+static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi) {
+    u32 idx = ((port * 2 + dir) * NSRC + pi->src) * FP_NKIND + pi->kind;
+    struct fp_counter *c = counters.lookup(&idx);
+    if (c) {
+        c->pkts += 1;
+        c->bytes += skb->len;
+    }
+}
+
+// Returns 1 if the packet must be dropped.
+static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook, struct pkt_info *pi, u64 now) {
+    u32 idx = port * 2 + hook;
+    struct fp_fault *f = faults.lookup(&idx);
+    if (!f || f->kind == FP_FAULT_NONE)
+        return 0;
+    struct fp_fault_stats *st = fault_stats.lookup(&idx);
+    if (f->period_ns) {  // flapping: active for on_ns of every period_ns
+        if (((now - f->t0_ns) % f->period_ns) >= f->on_ns)
+            return 0;
+    }
+    if (f->match_ip) {
+        if (!pi->iph)
+            return 0;
+        if ((pi->saddr & f->src_mask) != f->src_net || (pi->daddr & f->dst_mask) != f->dst_net)
+            return 0;
+    }
+    if (f->flow_frac < FP_ALL && pi->flow_hash >= f->flow_frac)
+        return 0;
+    if (st)
+        st->matched += 1;
+    if (f->prob < FP_PROB_ONE && (u64)bpf_get_prandom_u32() >= f->prob)
+        return 0;
+    if (f->kind == FP_FAULT_CORRUPT) {
+        if (!pi->iph)
+            return 0;  // only IPv4 headers carry a checksum to break
+        // Flip bits of the IP id field without fixing the checksum: the next hop
+        // discards the packet as a header error, as it would a frame failing FCS.
+        void *data = (void *)(long)skb->data;
+        void *data_end = (void *)(long)skb->data_end;
+        struct iphdr *iph = data + sizeof(struct ethhdr);
+        if ((void *)(iph + 1) > data_end)
+            return 0;
+        iph->id ^= bpf_htons(0x5a5a);
+        pi->kind = FP_KIND_BADHDR;
+        if (st)
+            st->hit += 1;
+        return 0;
+    }
+    if (st)
+        st->hit += 1;
+    return 1;
+}
+
+static __always_inline u32 *lookup_port(struct __sk_buff *skb) {
+    u32 ifindex = skb->ifindex;
+    return ifindex_port.lookup(&ifindex);
+}
+
+int fp_ingress(struct __sk_buff *skb) {
+    u32 *portp = lookup_port(skb);
+    if (!portp)
+        return TC_ACT_UNSPEC;
+    u32 port = *portp;
+    int k0 = 0;
+    struct fp_config *cfg = config.lookup(&k0);
+    if (!cfg)
+        return TC_ACT_UNSPEC;
+    u64 now = bpf_ktime_get_ns();
+    struct pkt_info pi = {};
+    classify(skb, &pi);
+    if (apply_fault(skb, port, FP_HOOK_INGRESS, &pi, now))
+        return TC_ACT_SHOT;
+    if (pi.iph)
+        pulse_tick(cfg, now);
+    count(skb, port, FP_DIR_IN, &pi);
+    if (pi.kind == FP_KIND_BADHDR)
+        return TC_ACT_OK;  // never spray it: the kernel's IP input discards it (InCsumErrors)
+#if IS_LEAF
+    // Spray packets that come from this leaf's hosts and go to another leaf.
+    if (cfg->mode == FP_SPRAY_OFF || port < NUPLINKS || !pi.dst_leaf || pi.dst_leaf == LEAF_ID + 1)
+        return TC_ACT_OK;
+    u32 dst = pi.dst_leaf - 1;
+    struct fp_spray *sp = spray.lookup(&dst);
+    if (!sp || sp->len == 0 || sp->len > FP_SPRAY_SLOTS)
+        return TC_ACT_OK;  // no uplink in service: leave it to kernel routing
+    u32 pick;
+    if (cfg->mode == FP_SPRAY_RANDOM) {
+        pick = bpf_get_prandom_u32() % sp->len;
+    } else {
+        u32 rk = cfg->mode == FP_SPRAY_RRDST ? dst : NLEAVES;
+        u32 *rot = rotation.lookup(&rk);
+        if (!rot)
+            return TC_ACT_OK;
+        pick = *rot % sp->len;
+        *rot = pick + 1;
+    }
+    if (pick >= FP_SPRAY_SLOTS)
+        return TC_ACT_OK;
+    u32 up = sp->slot[pick];
+    u32 *ifx = port_ifindex.lookup(&up);
+    if (!ifx || !*ifx)
+        return TC_ACT_OK;
+    u64 *ss = spray_stats.lookup(&up);
+    if (ss)
+        *ss += 1;
+    return redirect_neigh4(*ifx, NULL, 0, 0);
+#else
+    return TC_ACT_OK;
+#endif
+}
+
+int fp_egress(struct __sk_buff *skb) {
+    u32 *portp = lookup_port(skb);
+    if (!portp)
+        return TC_ACT_UNSPEC;
+    u32 port = *portp;
+    u64 now = bpf_ktime_get_ns();
+    struct pkt_info pi = {};
+    classify(skb, &pi);
+    count(skb, port, FP_DIR_OUT, &pi);
+    if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi, now))
+        return TC_ACT_SHOT;
+    return TC_ACT_OK;
+}

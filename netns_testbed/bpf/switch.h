@@ -1,0 +1,67 @@
+// Structures shared by switch.c and its Python loader (datapath.py mirrors them
+// with ctypes: keep the two in step).
+#ifndef FLOWPULSE_SWITCH_H
+#define FLOWPULSE_SWITCH_H
+
+#define FP_DIR_IN 0
+#define FP_DIR_OUT 1
+#define FP_HOOK_INGRESS 0
+#define FP_HOOK_EGRESS 1
+
+// Packet kinds counted separately.
+#define FP_KIND_TCP_DATA 0   // TCP with payload
+#define FP_KIND_TCP_CTRL 1   // TCP without payload (ACK, SYN, FIN)
+#define FP_KIND_OTHER 2      // other IPv4
+#define FP_KIND_NONIP 3      // not IPv4 (ARP, IPv6)
+#define FP_KIND_BADHDR 4     // IPv4 with a broken header checksum (discarded)
+#define FP_NKIND 5
+
+#define FP_SPRAY_OFF 0       // plain kernel routing (ECMP)
+#define FP_SPRAY_RANDOM 1
+#define FP_SPRAY_RR 2
+#define FP_SPRAY_RRDST 3
+#define FP_SPRAY_SLOTS 256
+
+#define FP_FAULT_NONE 0
+#define FP_FAULT_DROP 1
+#define FP_FAULT_CORRUPT 2
+
+#define FP_PROB_ONE (1ULL << 32)
+#define FP_ALL 0xffffffffU
+
+#define FP_PULSE_TIME_BITS 40
+#define FP_PULSE_TIME_MASK ((1ULL << FP_PULSE_TIME_BITS) - 1)
+
+struct fp_counter {
+    u64 pkts;
+    u64 bytes;
+};
+
+struct fp_config {
+    u32 mode;        // FP_SPRAY_*
+    u32 gap_units;   // idle gap that ends a pulse, in units of 2^20 ns
+};
+
+struct fp_spray {
+    u32 len;                     // used slots
+    u8 slot[FP_SPRAY_SLOTS];     // uplink port per slot (weights = repetitions)
+};
+
+struct fp_fault {
+    u32 kind;        // FP_FAULT_*
+    u32 match_ip;    // 1: only packets matching src/dst nets
+    u64 prob;        // hit if a 32-bit random number < prob; FP_PROB_ONE = always
+    u32 src_net, src_mask, dst_net, dst_mask;  // network byte order
+    u32 flow_frac;   // only flows whose hash < flow_frac; FP_ALL = all flows
+    u32 pad;
+    u64 period_ns;   // flapping: 0 = always on, else on for on_ns of each period
+    u64 on_ns;
+    u64 t0_ns;
+};
+
+struct fp_fault_stats {
+    u64 matched;     // packets the fault's filter selected
+    u64 hit;         // of those, dropped or corrupted
+};
+
+#endif

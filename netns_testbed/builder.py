@@ -1,0 +1,296 @@
+"""Build and tear down a testbed: namespaces, veths, routes and the eBPF datapath.
+
+``up`` turns a :class:`~netns_testbed.topo.Fabric` into kernel objects, all named
+``<prefix>-<node>``; on any failure it calls ``down`` before re-raising, so a failed
+build leaves nothing. ``down`` reads the kernel (namespaces, processes, mounts),
+not saved state, so it also cleans up after a SIGKILLed builder, and it is
+idempotent. The namespaces have no link to the root namespace, hence no route out.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pyroute2 import IPRoute, netns
+
+from flowpulse.errors import EnvironmentProblem, SpecError, StateError
+from netns_testbed import datapath as dp
+from netns_testbed.nsutil import NETNS_RUN_DIR, kill_pids, pids_in_netns, require_root, sysctl
+from netns_testbed.state import RUN_DIR, Testbed, TestbedState, state_dir, write_state
+from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
+
+log = logging.getLogger("flowpulse.testbed")
+OFFLOADS = ("tso", "gso", "gro")
+
+
+@dataclass
+class UpOptions:
+    """How to build: spray mode, pulse gap, weights, known-bad links, offloads."""
+
+    spray: str = "rrdst"
+    gap_ms: float = 50.0
+    weights: dict[str, float] | None = None
+    out_of_service: list[str] | None = None
+    datapath: bool = True
+    offloads: bool = False
+
+    def validate(self, fabric: Fabric) -> None:
+        if self.spray not in SPRAY_MODES:
+            raise SpecError(f"unknown spray mode {self.spray!r}: choose one of {', '.join(SPRAY_MODES)}")
+        if not 1.0 <= self.gap_ms <= 10_000:
+            raise SpecError(f"bad pulse gap {self.gap_ms} ms: must be in [1, 10000]")
+        for name, w in (self.weights or {}).items():
+            link = fabric.parse_link(name)
+            if node_kind(link.src) != "leaf" or node_kind(link.dst) != "spine":
+                raise SpecError(f"weight on {name!r}: weights apply to leaf->spine uplinks")
+            if not (isinstance(w, (int, float)) and 0 <= w <= 1000):
+                raise SpecError(f"bad weight {w!r} for {name}: must be a number in [0, 1000]")
+        for text in self.out_of_service or []:
+            for link in fabric.parse_links(text):
+                if "h" in (node_kind(link.src), node_kind(link.dst)):
+                    raise SpecError(f"out-of-service {text!r}: only leaf<->spine links can be routed around")
+
+
+def list_testbeds() -> dict[str, list[str]]:
+    """Prefix -> namespaces, found from the kernel's named namespaces."""
+    out: dict[str, list[str]] = {}
+    for name in sorted(netns.listnetns()):
+        parsed = parse_namespace(name)
+        if parsed:
+            out.setdefault(parsed[0], []).append(name)
+    if RUN_DIR.is_dir():
+        for d in RUN_DIR.iterdir():
+            if d.is_dir() and (d / "state.json").exists():
+                out.setdefault(d.name, [])
+    return out
+
+
+def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
+       progress: Callable[[str], None] | None = None) -> Testbed:
+    """Build the testbed; returns a handle. Raises UserError subclasses on bad input."""
+    opts = opts or UpOptions()
+    check_prefix(prefix)
+    fabric = Fabric(spec)
+    opts.validate(fabric)
+    require_root()
+    if not NETNS_RUN_DIR.parent.exists():
+        raise EnvironmentProblem("/var/run is missing: cannot name network namespaces")
+    existing = list_testbeds().get(prefix)
+    if existing is not None:
+        raise StateError(f"a testbed with prefix {prefix!r} already exists: run `flowpulse fabric down --prefix {prefix}` or pick another --prefix")
+    if opts.datapath:
+        dp.load_bcc()
+    say = progress or (lambda msg: log.info(msg))
+    t0 = time.monotonic()
+    state = TestbedState(prefix=prefix, fabric=spec.to_dict(), spray=opts.spray, gap_ms=opts.gap_ms,
+                         weights=dict(opts.weights or {}), out_of_service=list(opts.out_of_service or []),
+                         datapath=opts.datapath, status="building", created=time.time())
+    try:
+        write_state(state)
+        say(f"creating {len(fabric.nodes)} namespaces")
+        _make_namespaces(prefix, fabric)
+        say(f"creating {len(fabric.links()) // 2} links")
+        ifindexes = _make_links(prefix, fabric, opts)
+        _make_routes(prefix, fabric, Testbed(state).out_of_service)
+        if opts.datapath:
+            say(f"compiling and attaching the eBPF datapath on {len(fabric.switches)} switches")
+            _attach_datapath(prefix, fabric, state, ifindexes)
+        state.status = "up"
+        write_state(state)
+    except BaseException:
+        log.error("build of testbed %r failed; removing what was built", prefix)
+        down(prefix)
+        raise
+    say(f"testbed {prefix!r} is up ({time.monotonic() - t0:.1f} s)")
+    return Testbed(state)
+
+
+def _make_namespaces(prefix: str, fabric: Fabric) -> None:
+    for node in fabric.nodes:
+        name = namespace(prefix, node)
+        netns.create(name)
+        switch = node_kind(node) != "h"
+        for key, value in (
+            ("net.ipv4.ip_forward", int(switch)),
+            ("net.ipv4.conf.all.rp_filter", 0),
+            ("net.ipv4.conf.default.rp_filter", 0),
+            ("net.ipv6.conf.all.disable_ipv6", 1),   # no IPv6 chatter (RS, MLD) on the fabric
+            ("net.ipv6.conf.default.disable_ipv6", 1),
+            ("net.ipv4.fib_multipath_hash_policy", 1),  # kernel ECMP baseline: per 5-tuple
+        ):
+            sysctl(name, key, value)
+        with IPRoute(netns=name) as ipr:
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+
+
+def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[int]]:
+    """veth per link, created straight into both namespaces (nothing in the root one)."""
+    mtu = fabric.spec.mtu
+    for sw in fabric.switches:
+        with IPRoute(netns=namespace(prefix, sw)) as ipr:
+            for p in fabric.ports[sw]:
+                # Create each veth once, from the leaf side.
+                if node_kind(sw) == "spine":
+                    continue
+                peer = fabric.port(p.peer, p.peer_index)
+                ipr.link("add", ifname=p.ifname, kind="veth", mtu=mtu,
+                         peer={"ifname": peer.ifname, "net_ns_fd": namespace(prefix, p.peer), "mtu": mtu})
+    ifindexes: dict[str, list[int]] = {}
+    for node in fabric.nodes:
+        name = namespace(prefix, node)
+        with IPRoute(netns=name) as ipr:
+            idx = []
+            for p in fabric.ports[node]:
+                i = ipr.link_lookup(ifname=p.ifname)[0]
+                ipr.addr("add", index=i, address=str(p.address.ip), prefixlen=p.address.network.prefixlen)
+                ipr.link("set", index=i, state="up")
+                idx.append(i)
+            ifindexes[node] = idx
+        if not opts.offloads:
+            for p in fabric.ports[node]:
+                set_offloads(name, p.ifname, False)
+    return ifindexes
+
+
+def set_offloads(ns: str, ifname: str, on: bool) -> None:
+    """Segmentation offloads off so that one skb is one wire frame (spraying, drops, counts)."""
+    argv = ["ip", "netns", "exec", ns, "ethtool", "-K", ifname]
+    for o in OFFLOADS:
+        argv += [o, "on" if on else "off"]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except FileNotFoundError:
+        raise EnvironmentProblem("ethtool is missing: apt-get install ethtool (sudo scripts/setup.sh does it)") from None
+    if r.returncode not in (0, 80):  # 80: some feature cannot change on veth; the rest applied
+        raise EnvironmentProblem(f"ethtool -K {ifname} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+
+
+def _make_routes(prefix: str, fabric: Fabric, out_of_service) -> None:
+    oos = {l.name for l in out_of_service}
+    for host in fabric.hosts:
+        leaf_port = fabric.port_to(fabric.host_leaf(host), host)
+        with IPRoute(netns=namespace(prefix, host)) as ipr:
+            # Only the fabric's 10/8: anything else has no route at all.
+            ipr.route("add", dst="10.0.0.0/8", gateway=str(leaf_port.address.ip))
+    for leaf in fabric.leaves:
+        with IPRoute(netns=namespace(prefix, leaf)) as ipr:
+            for dst in fabric.leaves:
+                if dst == leaf:
+                    continue
+                hops = []
+                for up_port in fabric.uplinks(leaf):
+                    spine = up_port.peer
+                    if f"{leaf}->{spine}" in oos or f"{spine}->{dst}" in oos:
+                        continue
+                    gw = fabric.port(spine, up_port.peer_index).address.ip
+                    hops.append({"gateway": str(gw), "oif": ipr.link_lookup(ifname=up_port.ifname)[0]})
+                if not hops:
+                    continue
+                net = Fabric.leaf_subnet(dst)
+                if len(hops) == 1:
+                    ipr.route("add", dst=str(net), gateway=hops[0]["gateway"])
+                else:
+                    ipr.route("add", dst=str(net), multipath=hops)
+    for spine in fabric.spines:
+        with IPRoute(netns=namespace(prefix, spine)) as ipr:
+            for p in fabric.ports[spine]:
+                gw = fabric.port(p.peer, p.peer_index).address.ip
+                ipr.route("add", dst=str(Fabric.leaf_subnet(p.peer)), gateway=str(gw))
+
+
+def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes: dict[str, list[int]]) -> None:
+    sdir = state_dir(prefix)
+    bpffs = sdir / "bpf"
+    bpffs.mkdir(parents=True, exist_ok=True)
+    # bpffs outside /sys: `ip netns exec` remounts /sys and would hide it.
+    r = subprocess.run(["mount", "-t", "bpf", f"{prefix}-bpffs", str(bpffs)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise EnvironmentProblem(f"cannot mount bpffs at {bpffs} ({r.stderr.strip()}): the kernel needs CONFIG_BPF_SYSCALL")
+    tb = Testbed(state)
+    for sw in fabric.switches:
+        shape = dp.SwitchShape.of(fabric, sw)
+        bpf, f_in, f_out = dp.compile_switch(shape)
+        dp.pin_maps(bpf, dp.pin_dir(sdir, sw))
+        maps = dp.SwitchMaps(fabric, sdir, sw)
+        try:
+            maps.set_ports(ifindexes[sw])
+            maps.set_config(state.spray, state.gap_ms)
+            maps.set_spray(state.weights, tb.out_of_service)
+        finally:
+            maps.close()
+        with IPRoute(netns=namespace(prefix, sw)) as ipr:
+            for idx in ifindexes[sw]:
+                ipr.tc("add", "clsact", idx)
+                ipr.tc("add-filter", "bpf", idx, ":1", fd=f_in.fd, name=f_in.name,
+                       parent="ffff:fff2", classid=1, direct_action=True)
+                ipr.tc("add-filter", "bpf", idx, ":1", fd=f_out.fd, name=f_out.name,
+                       parent="ffff:fff3", classid=1, direct_action=True)
+        bpf.cleanup()
+
+
+def down(prefix: str) -> list[str]:
+    """Remove everything of testbed ``prefix``; safe to call any number of times.
+
+    Order: kill processes inside its namespaces and its agents, delete the
+    namespaces (their veths, tc filters and programs go with them), unmount its
+    bpffs (pinned maps go with it), remove its state directory.
+    """
+    check_prefix(prefix)
+    require_root()
+    removed: list[str] = []
+    names = [n for n in netns.listnetns() if (parse_namespace(n) or ("", ""))[0] == prefix]
+    pids = sorted({pid for n in names for pid in pids_in_netns(n)} | _agent_pids(prefix))
+    if pids:
+        kill_pids(pids, grace=0.5)
+    for name in names:
+        try:
+            netns.remove(name)
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    sdir = state_dir(prefix)
+    bpffs = sdir / "bpf"
+    if dp.bpffs_mounted(bpffs):
+        subprocess.run(["umount", "-l", str(bpffs)], capture_output=True)
+    if sdir.exists():
+        shutil.rmtree(sdir, ignore_errors=True)
+    return removed
+
+
+def _agent_pids(prefix: str) -> set[int]:
+    """Agents and other helpers run in the root namespace; they leave pid files."""
+    out: set[int] = set()
+    d = state_dir(prefix) / "pids"
+    if d.is_dir():
+        for f in d.glob("*.pid"):
+            try:
+                pid = int(f.read_text().split()[0])
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"flowpulse" in cmd or b"agent" in cmd:
+                out.add(pid)
+    return out
+
+
+def status(prefix: str) -> dict:
+    """What the kernel and the state file say about one testbed."""
+    names = list_testbeds().get(prefix)
+    if names is None:
+        raise StateError(f"no testbed with prefix {prefix!r}: `flowpulse fabric up --prefix {prefix}` builds one")
+    out: dict = {"prefix": prefix, "namespaces": len(names)}
+    try:
+        tb = Testbed.load(prefix)
+        out.update({"status": tb.state.status, "fabric": tb.state.fabric, "spray": tb.state.spray,
+                    "gap_ms": tb.state.gap_ms, "out_of_service": tb.state.out_of_service,
+                    "faults": sorted(tb.state.faults), "datapath": tb.state.datapath,
+                    "expected_namespaces": len(tb.fabric.nodes)})
+        out["healthy"] = len(names) == len(tb.fabric.nodes)
+    except StateError as e:
+        out.update({"status": "broken", "error": str(e), "healthy": False})
+    return out

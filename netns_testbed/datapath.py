@@ -1,0 +1,299 @@
+"""The eBPF switch datapath: compile and attach (BCC), then read and steer it (pinned maps).
+
+One BCC instance of ``bpf/switch.c`` per switch namespace, compiled with that
+switch's shape as ``-D`` flags, attached to every port with tc clsact, and its
+maps pinned under ``<state dir>/bpf/<switch>/`` so other processes (CLI,
+agents) use them after the loader exits. Readers need only :class:`SwitchMaps`.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flowpulse.errors import EnvironmentProblem
+from netns_testbed.bpfmaps import PinnedArray, PinnedHash, obj_pin
+from netns_testbed.topo import Fabric, Link, node_kind, node_num
+
+BPF_DIR = Path(__file__).with_name("bpf")
+SRC = BPF_DIR / "switch.c"
+
+KINDS = ("tcp_data", "tcp_ctrl", "other_ip", "non_ip", "bad_hdr")
+NKIND = len(KINDS)
+DIRS = ("in", "out")
+SPRAY_CODES = {"off": 0, "random": 1, "rr": 2, "rrdst": 3}
+SPRAY_SLOTS = 256
+FAULT_NONE, FAULT_DROP, FAULT_CORRUPT = 0, 1, 2
+PROB_ONE = 1 << 32
+FLOW_ALL = 0xFFFFFFFF
+PULSE_TIME_BITS = 40
+PULSE_UNIT_NS = 1 << 20
+HOOKS = {"ingress": 0, "egress": 1}
+PIN_NAMES = ("counters", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
+             "faults", "fault_stats", "spray_stats")
+
+
+class Counter(ct.Structure):
+    _fields_ = [("pkts", ct.c_uint64), ("bytes", ct.c_uint64)]
+
+
+class Config(ct.Structure):
+    _fields_ = [("mode", ct.c_uint32), ("gap_units", ct.c_uint32)]
+
+
+class Spray(ct.Structure):
+    _fields_ = [("len", ct.c_uint32), ("slot", ct.c_uint8 * SPRAY_SLOTS)]
+
+
+class Fault(ct.Structure):
+    _fields_ = [("kind", ct.c_uint32), ("match_ip", ct.c_uint32), ("prob", ct.c_uint64),
+                ("src_net", ct.c_uint32), ("src_mask", ct.c_uint32), ("dst_net", ct.c_uint32),
+                ("dst_mask", ct.c_uint32), ("flow_frac", ct.c_uint32), ("pad", ct.c_uint32),
+                ("period_ns", ct.c_uint64), ("on_ns", ct.c_uint64), ("t0_ns", ct.c_uint64)]
+
+
+class FaultStats(ct.Structure):
+    _fields_ = [("matched", ct.c_uint64), ("hit", ct.c_uint64)]
+
+
+class U64(ct.Structure):
+    _fields_ = [("v", ct.c_uint64)]
+
+
+class U32(ct.Structure):
+    _fields_ = [("v", ct.c_uint32)]
+
+
+@dataclass(frozen=True)
+class SwitchShape:
+    """Compile-time shape of one switch's program, derived from the fabric model."""
+
+    nports: int
+    nleaves: int
+    is_leaf: bool
+    leaf_id: int
+    nuplinks: int
+
+    @property
+    def nsrc(self) -> int:
+        """Source classes: 0 other IPv4, 1..L source leaf + 1, L+1 not IPv4."""
+        return self.nleaves + 2
+
+    @property
+    def ncounters(self) -> int:
+        return self.nports * 2 * self.nsrc * NKIND
+
+    @classmethod
+    def of(cls, fabric: Fabric, switch: str) -> "SwitchShape":
+        leaf = node_kind(switch) == "leaf"
+        return cls(len(fabric.ports[switch]), fabric.spec.leaves, leaf,
+                   node_num(switch) if leaf else 0, fabric.spec.spines if leaf else 0)
+
+    def cflags(self) -> list[str]:
+        return [f"-I{BPF_DIR}", f"-DNPORTS={self.nports}", f"-DNLEAVES={self.nleaves}",
+                f"-DNSRC={self.nsrc}", f"-DIS_LEAF={int(self.is_leaf)}", f"-DLEAF_ID={self.leaf_id}",
+                f"-DNUPLINKS={max(self.nuplinks, 1)}"]
+
+
+def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
+    """Value type, size and per-CPU flag of each pinned array (mirrors switch.c)."""
+    return {
+        "counters": (Counter, shape.ncounters, True),
+        "port_ifindex": (U32, shape.nports, False),
+        "config": (Config, 1, False),
+        "pulse": (U64, 2, False),
+        "spray": (Spray, shape.nleaves, False),
+        "rotation": (U32, shape.nleaves + 1, True),
+        "faults": (Fault, shape.nports * 2, False),
+        "fault_stats": (FaultStats, shape.nports * 2, True),
+        "spray_stats": (U64, shape.nports, True),
+    }
+
+
+def bpf_source_with_flags(shape: SwitchShape) -> str:
+    """The C source and flags one switch compiles with (for the hidden --dump-bpf)."""
+    return f"// cflags: {' '.join(shape.cflags())}\n" + SRC.read_text()
+
+
+def load_bcc():
+    """Import BCC or say how to get it."""
+    try:
+        from bcc import BPF  # noqa: F401
+    except ImportError:
+        raise EnvironmentProblem(
+            "BCC is not importable: install python3-bpfcc (sudo scripts/setup.sh does it)") from None
+    return BPF
+
+
+def compile_switch(shape: SwitchShape):
+    """Compile the switch program; returns (bpf object, ingress fn, egress fn)."""
+    BPF = load_bcc()
+    try:
+        b = BPF(src_file=str(SRC).encode(), cflags=shape.cflags())
+        return b, b.load_func(b"fp_ingress", BPF.SCHED_CLS), b.load_func(b"fp_egress", BPF.SCHED_CLS)
+    except Exception as e:  # BCC raises plain Exception on compile/load failure
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "kernel headers" in msg or "kconfig.h" in msg or "chdir" in msg:
+            raise EnvironmentProblem(
+                f"BCC cannot find kernel headers ({msg}): run sudo scripts/setup.sh, which installs "
+                "linux-headers and links /lib/modules/$(uname -r)/build") from None
+        raise EnvironmentProblem(f"eBPF program failed to compile or load ({msg}): check that the kernel "
+                                 "has BPF, BTF and tc clsact (see docs in README)") from None
+
+
+def pin_dir(state_dir: Path, switch: str) -> Path:
+    return state_dir / "bpf" / switch
+
+
+def pin_maps(bpf_obj, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in PIN_NAMES:
+        obj_pin(bpf_obj[name.encode()].map_fd, str(directory / name))
+
+
+class SwitchMaps:
+    """Handles on one switch's pinned maps: counters, pulse state, spray tables, faults."""
+
+    def __init__(self, fabric: Fabric, state_dir: Path, switch: str) -> None:
+        self.fabric = fabric
+        self.switch = switch
+        self.shape = SwitchShape.of(fabric, switch)
+        d = pin_dir(state_dir, switch)
+        self.maps = {name: PinnedArray(str(d / name), t, n, pc) for name, (t, n, pc) in map_entries(self.shape).items()}
+        self._ifport_path = str(d / "ifindex_port")
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+
+    # -- set-up (loader) ----------------------------------------------------
+    def set_ports(self, ifindexes: list[int]) -> None:
+        ifp = PinnedHash(self._ifport_path)
+        try:
+            for port, ifx in enumerate(ifindexes):
+                ifp.set(ifx, port)
+                self.maps["port_ifindex"].set(port, U32(ifx))
+        finally:
+            ifp.close()
+
+    def set_config(self, mode: str, gap_ms: float) -> None:
+        units = max(1, int(round(gap_ms * 1e6 / PULSE_UNIT_NS)))
+        self.maps["config"].set(0, Config(SPRAY_CODES[mode], units))
+
+    def set_spray(self, weights: dict[str, float], out_of_service: list[Link]) -> None:
+        """Fill this leaf's per-destination spray tables from the fabric model.
+
+        Each table lists uplink ports, repeated in proportion to their weights and
+        interleaved (smooth weighted round-robin) so that any window of the
+        rotation is close to the target shares.
+        """
+        if not self.shape.is_leaf:
+            return
+        for dst in self.fabric.leaves:
+            shares = self.fabric.spray_shares(self.switch, dst, weights, out_of_service)
+            table = smooth_wrr([(self.fabric.port_to(self.switch, s).index, w) for s, w in shares.items()])
+            sp = Spray(len(table))
+            for i, port in enumerate(table):
+                sp.slot[i] = port
+            self.maps["spray"].set(node_num(dst), sp)
+
+    # -- reading ------------------------------------------------------------
+    def counters(self) -> np.ndarray:
+        """Cumulative counters as an int64 array [port, dir, src, kind, (pkts, bytes)]."""
+        vals = self.maps["counters"].get_all()
+        arr = np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64)
+        return arr.reshape(self.shape.nports, 2, self.shape.nsrc, NKIND, 2)
+
+    def pulse_state(self) -> tuple[int, int, int]:
+        """(pulse id, last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""
+        packed = self.maps["pulse"].get(0).v
+        start = self.maps["pulse"].get(1).v
+        return packed >> PULSE_TIME_BITS, (packed & ((1 << PULSE_TIME_BITS) - 1)) * PULSE_UNIT_NS, start
+
+    def spray_stats(self) -> list[int]:
+        return [v.v for v in self.maps["spray_stats"].get_all()]
+
+    def fault_stats(self, port: int, hook: str) -> FaultStats:
+        return self.maps["fault_stats"].get(port * 2 + HOOKS[hook])
+
+    def set_fault(self, port: int, hook: str, fault: Fault) -> None:
+        self.maps["faults"].set(port * 2 + HOOKS[hook], fault)
+
+    def clear_fault(self, port: int, hook: str) -> None:
+        self.set_fault(port, hook, Fault())
+
+
+def smooth_wrr(weighted: list[tuple[int, float]], slots: int = SPRAY_SLOTS) -> list[int]:
+    """A spray table for integer-ish weights: nginx's smooth weighted round-robin.
+
+    Equal weights give the plain rotation 0,1,2,...; unequal weights are scaled to
+    integers (at most ``slots`` entries) and spread evenly over the table.
+    """
+    if not weighted:
+        return []
+    ws = [w for _, w in weighted]
+    if all(abs(w - ws[0]) < 1e-12 for w in ws):
+        return [p for p, _ in weighted]
+    scale = min(slots / sum(ws), 1000.0)
+    ints = [max(1, int(round(w * scale))) for w in ws]
+    while sum(ints) > slots:
+        i = ints.index(max(ints))
+        ints[i] -= 1
+    current = [0] * len(ints)
+    total = sum(ints)
+    table = []
+    for _ in range(total):
+        for i, w in enumerate(ints):
+            current[i] += w
+        best = max(range(len(ints)), key=lambda i: current[i])
+        current[best] -= total
+        table.append(weighted[best][0])
+    return table
+
+
+def fault_struct(kind: str, rate: float, src: str | None = None, dst: str | None = None,
+                 flow_frac: float = 1.0, period_s: float = 0.0, on_s: float = 0.0) -> Fault:
+    """Build the kernel's fault record (``kind``: drop, corrupt or blackhole)."""
+    f = Fault()
+    f.kind = {"drop": FAULT_DROP, "blackhole": FAULT_DROP, "corrupt": FAULT_CORRUPT}[kind]
+    f.prob = PROB_ONE if kind == "blackhole" or rate >= 1.0 else int(round(rate * PROB_ONE))
+    if src or dst:
+        f.match_ip = 1
+        for which, net in (("src", src), ("dst", dst)):
+            n = ipaddress.IPv4Network(net or "0.0.0.0/0", strict=False)
+            setattr(f, f"{which}_net", int.from_bytes(n.network_address.packed, "little"))
+            setattr(f, f"{which}_mask", int.from_bytes(n.netmask.packed, "little"))
+    f.flow_frac = FLOW_ALL if flow_frac >= 1.0 else int(flow_frac * FLOW_ALL)
+    if period_s > 0:
+        f.period_ns = int(period_s * 1e9)
+        f.on_ns = int(on_s * 1e9)
+        f.t0_ns = time.monotonic_ns()
+    return f
+
+
+def interface_stats(netns_name: str) -> dict[str, dict[str, int]]:
+    """The kernel's own per-interface packet/byte statistics inside a namespace."""
+    from pyroute2 import IPRoute
+
+    out = {}
+    with IPRoute(netns=netns_name) as ipr:
+        for link in ipr.get_links():
+            st = link.get_attr("IFLA_STATS64")
+            out[link.get_attr("IFLA_IFNAME")] = {
+                "rx_packets": st["rx_packets"], "tx_packets": st["tx_packets"],
+                "rx_bytes": st["rx_bytes"], "tx_bytes": st["tx_bytes"],
+                "rx_dropped": st["rx_dropped"], "tx_dropped": st["tx_dropped"],
+                "rx_errors": st["rx_errors"], "tx_errors": st["tx_errors"],
+            }
+    return out
+
+
+def bpffs_mounted(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target and line.split()[2] == "bpf" for line in f)

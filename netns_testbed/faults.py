@@ -1,0 +1,200 @@
+"""Silent link faults: parse, set, change, show and clear them on a live testbed.
+
+Text form (CLI and experiment specs)::
+
+    LINK:KIND[=RATE][,MOD=VALUE...]
+    leaf1->spine2:drop=0.01            drop 1% of packets
+    spine0->leaf3:corrupt=0.015        damage the IPv4 header of 1.5% (dropped downstream)
+    h3->leaf1:blackhole                drop everything
+    leaf1->spine2:partial=0.5          blackhole half of the flows (by 5-tuple hash)
+    leaf1->spine2:drop=0.02,src=h1,dst=h6   only packets h1 -> h6
+    leaf1->spine2:blackhole,flap=1/2   on 1 s, off 2 s, repeating
+
+Faults are applied by the BPF injector in the switch datapath, on the wire
+between the upstream counter and the downstream one (see ``Fabric.fault_site``).
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import time
+from dataclasses import asdict, dataclass
+
+from flowpulse.errors import SpecError
+from netns_testbed import datapath as dp
+from netns_testbed.state import Testbed
+from netns_testbed.topo import Fabric, Link, node_kind
+
+KINDS = ("drop", "corrupt", "blackhole", "partial")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault on one directed link."""
+
+    link: str
+    kind: str
+    rate: float = 1.0
+    src: str | None = None   # node name or CIDR: only packets from there
+    dst: str | None = None
+    flows: float = 1.0       # fraction of flows (by hash) affected
+    flap_on_s: float = 0.0   # flapping: on for this long ...
+    flap_off_s: float = 0.0  # ... then off for this long
+
+    def describe(self) -> str:
+        text = f"{self.link}:{self.kind}"
+        if self.kind in ("drop", "corrupt"):
+            text += f"={self.rate:g}"
+        elif self.kind == "partial":
+            text += f"={self.flows:g}"
+        mods = []
+        if self.src:
+            mods.append(f"src={self.src}")
+        if self.dst:
+            mods.append(f"dst={self.dst}")
+        if self.kind != "partial" and self.flows < 1.0:
+            mods.append(f"flows={self.flows:g}")
+        if self.flap_on_s:
+            mods.append(f"flap={self.flap_on_s:g}/{self.flap_off_s:g}")
+        return ",".join([text, *mods])
+
+    @property
+    def effective_rate(self) -> float:
+        """Probability that a packet on the link is hit (over selected traffic)."""
+        return 1.0 if self.kind in ("blackhole", "partial") else self.rate
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rate(text: str, what: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise SpecError(f"bad {what} {text!r}: must be a number in [0, 1]") from None
+    if not (0.0 <= v <= 1.0) or math.isnan(v):
+        raise SpecError(f"bad {what} {v:g}: must be in [0, 1] (e.g. 0.01 for 1%)")
+    return v
+
+
+def _endpoint(fabric: Fabric, text: str) -> str:
+    """A node name (host -> /32, leaf -> its host /16) or a CIDR, as a CIDR string."""
+    if fabric.has_node(text):
+        kind = node_kind(text)
+        if kind == "h":
+            return f"{fabric.host_ip(text)}/32"
+        if kind == "leaf":
+            return str(Fabric.leaf_subnet(text))
+        raise SpecError(f"bad endpoint {text!r}: use a host, a leaf or a CIDR (spines send no traffic)")
+    try:
+        return str(ipaddress.IPv4Network(text, strict=False))
+    except ValueError:
+        raise SpecError(f"bad endpoint {text!r}: use a host (h3), a leaf (leaf1) or a CIDR (10.2.0.0/16)") from None
+
+
+def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
+    """Parse ``LINK:KIND[=RATE][,MOD=V...]`` against the fabric (unknown links are errors)."""
+    link_text, sep, rest = (text or "").partition(":")
+    if not sep or not rest:
+        raise SpecError(f"bad fault {text!r}: write LINK:KIND[=RATE], e.g. leaf1->spine2:drop=0.01")
+    link = fabric.parse_link(link_text)
+    head, *mods = rest.split(",")
+    kind, _, value = head.partition("=")
+    kind = kind.strip()
+    if kind not in KINDS:
+        raise SpecError(f"unknown fault kind {kind!r} in {text!r}: choose one of {', '.join(KINDS)}")
+    args: dict = {"link": link.name, "kind": kind}
+    if kind in ("drop", "corrupt"):
+        if not value:
+            raise SpecError(f"fault {text!r} needs a rate: {kind}=P with P in [0, 1]")
+        args["rate"] = _rate(value, f"{kind} rate")
+    elif kind == "partial":
+        args["flows"] = _rate(value or "0.5", "partial flow fraction")
+    elif value:
+        raise SpecError(f"fault kind {kind} takes no rate (got {value!r}); use drop=P for a rate")
+    for mod in mods:
+        key, _, val = mod.partition("=")
+        key = key.strip()
+        if key in ("src", "dst"):
+            if not val:
+                raise SpecError(f"{key}= needs a host, leaf or CIDR in fault {text!r}")
+            args[key] = val.strip()
+            _endpoint(fabric, val.strip())
+        elif key == "flows":
+            args["flows"] = _rate(val, "flow fraction")
+        elif key == "flap":
+            on, _, off = val.partition("/")
+            try:
+                args["flap_on_s"], args["flap_off_s"] = float(on), float(off)
+            except ValueError:
+                raise SpecError(f"bad flap {val!r}: write flap=ON/OFF in seconds, e.g. flap=1/2") from None
+            if args["flap_on_s"] <= 0 or args["flap_off_s"] < 0:
+                raise SpecError(f"bad flap {val!r}: ON must be > 0 and OFF >= 0 seconds")
+        else:
+            raise SpecError(f"unknown fault modifier {key!r} in {text!r}: use src=, dst=, flows= or flap=")
+    return FaultSpec(**args)
+
+
+def _struct(fabric: Fabric, spec: FaultSpec) -> dp.Fault:
+    kind = "blackhole" if spec.kind == "partial" else spec.kind
+    period = spec.flap_on_s + spec.flap_off_s
+    return dp.fault_struct(kind, spec.effective_rate,
+                           src=_endpoint(fabric, spec.src) if spec.src else None,
+                           dst=_endpoint(fabric, spec.dst) if spec.dst else None,
+                           flow_frac=spec.flows, period_s=period, on_s=spec.flap_on_s)
+
+
+def apply(tb: Testbed, spec: FaultSpec) -> bool:
+    """Set (or change) the fault on its link; returns True if it replaced one."""
+    link = tb.fabric.parse_link(spec.link)
+    site = tb.fabric.fault_site(link)
+    with tb.locked():
+        m = tb.maps(site.switch)
+        try:
+            m.set_fault(site.port, site.hook, _struct(tb.fabric, spec))
+        finally:
+            m.close()
+        replaced = link.name in tb.state.faults
+        tb.state.faults[link.name] = {**spec.to_dict(), "since": time.time()}
+        tb.save()
+    return replaced
+
+
+def clear(tb: Testbed, link_text: str | None = None) -> list[str]:
+    """Clear the fault on one link (``a->b`` or ``a<->b``), or all faults; returns the links cleared."""
+    with tb.locked():
+        links = tb.fabric.parse_links(link_text) if link_text else [tb.fabric.parse_link(n) for n in tb.state.faults]
+        cleared = []
+        for link in links:
+            site = tb.fabric.fault_site(link)
+            m = tb.maps(site.switch)
+            try:
+                m.clear_fault(site.port, site.hook)
+            finally:
+                m.close()
+            if tb.state.faults.pop(link.name, None) is not None:
+                cleared.append(link.name)
+        tb.save()
+    return cleared
+
+
+def listing(tb: Testbed) -> list[dict]:
+    """Active faults with the injector's own counts (packets selected / hit)."""
+    out = []
+    for name, rec in sorted(tb.state.faults.items()):
+        link = tb.fabric.parse_link(name)
+        site = tb.fabric.fault_site(link)
+        m = tb.maps(site.switch)
+        try:
+            st = m.fault_stats(site.port, site.hook)
+        finally:
+            m.close()
+        spec = FaultSpec(**{k: v for k, v in rec.items() if k != "since"})
+        out.append({"link": name, "fault": spec.describe(), "kind": spec.kind, "rate": spec.effective_rate,
+                    "since": rec.get("since"), "at": f"{site.switch} port {site.port} {site.hook}",
+                    "matched": st.matched, "hit": st.hit})
+    return out
+
+
+def link_of(tb: Testbed, text: str) -> Link:
+    return tb.fabric.parse_link(text)

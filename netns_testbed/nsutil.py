@@ -1,0 +1,122 @@
+"""Small helpers for working inside network namespaces from one process.
+
+``in_netns`` switches only the calling thread (setns(2)), so sockets and
+/proc/sys/net files opened inside the block belong to that namespace and stay
+there after the block ends: tests craft traffic from host namespaces without
+spawning a process per packet.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from flowpulse.errors import EnvironmentProblem
+
+NETNS_RUN_DIR = Path("/var/run/netns")
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise EnvironmentProblem("this needs root (network namespaces and eBPF): rerun with sudo")
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def in_netns(name: str) -> Iterator[None]:
+    """Run the block with this thread in namespace ``name``, then come back."""
+    with open("/proc/thread-self/ns/net") as home, open(NETNS_RUN_DIR / name) as target:
+        _setns(target.fileno())
+        try:
+            yield
+        finally:
+            _setns(home.fileno())
+
+
+def sysctl(name: str, key: str, value: str | int) -> None:
+    """Set ``net.*`` sysctl ``key`` (dotted) inside namespace ``name``."""
+    with in_netns(name):
+        Path("/proc/sys", *key.split(".")).write_text(f"{value}\n")
+
+
+def read_sysctl(name: str, key: str) -> str:
+    with in_netns(name):
+        return Path("/proc/sys", *key.split(".")).read_text().strip()
+
+
+def netns_argv(name: str, argv: Sequence[str]) -> list[str]:
+    """argv that runs ``argv`` inside namespace ``name`` (no shell involved)."""
+    return ["ip", "netns", "exec", name, *argv]
+
+
+def run_in(name: str, argv: Sequence[str], timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(netns_argv(name, argv), capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def snmp(name: str) -> dict[str, dict[str, int]]:
+    """The namespace's /proc/net/snmp (IP/ICMP/TCP/UDP MIB counters)."""
+    with in_netns(name):
+        lines = Path("/proc/net/snmp").read_text().splitlines()
+        lines += Path("/proc/net/netstat").read_text().splitlines()
+    out: dict[str, dict[str, int]] = {}
+    for head, vals in zip(lines[::2], lines[1::2]):
+        proto, *keys = head.split()
+        _, *nums = vals.split()
+        out.setdefault(proto.rstrip(":"), {}).update({k: int(v) for k, v in zip(keys, nums)})
+    return out
+
+
+def pids_in_netns(name: str) -> list[int]:
+    """PIDs of processes whose network namespace is ``name`` (read from /proc)."""
+    try:
+        st = os.stat(NETNS_RUN_DIR / name)
+    except FileNotFoundError:
+        return []
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            s = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (s.st_ino, s.st_dev) == (st.st_ino, st.st_dev) and int(entry) != os.getpid():
+            out.append(int(entry))
+    return out
+
+
+def kill_pids(pids: list[int], grace: float = 0.0) -> None:
+    """SIGTERM (if ``grace``) then SIGKILL; waits a bounded time for them to go."""
+    if grace > 0:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False

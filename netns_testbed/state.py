@@ -1,0 +1,103 @@
+"""What a running testbed is: its fabric model and settings, saved under /run.
+
+The state file is how other processes (CLI, agents, workload, experiments) find
+a testbed; cleanup never depends on it (``down`` reads the kernel), so a lost or
+half-written state file cannot leave anything behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from flowpulse.errors import StateError
+from netns_testbed.topo import Fabric, Link, check_prefix, namespace
+
+RUN_DIR = Path(os.environ.get("FLOWPULSE_RUN_DIR", "/run/flowpulse"))
+
+
+def state_dir(prefix: str) -> Path:
+    return RUN_DIR / check_prefix(prefix)
+
+
+@dataclass
+class TestbedState:
+    """Settings of a testbed that every reader needs."""
+
+    prefix: str
+    fabric: dict
+    spray: str = "rrdst"
+    gap_ms: float = 50.0
+    weights: dict[str, float] = field(default_factory=dict)
+    out_of_service: list[str] = field(default_factory=list)
+    datapath: bool = True
+    status: str = "building"
+    created: float = 0.0
+    faults: dict[str, dict] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+class Testbed:
+    """A handle on a testbed that is up: its model, its namespaces, its maps."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, state: TestbedState) -> None:
+        self.state = state
+        self.prefix = state.prefix
+        self.fabric = Fabric.from_dict({"spec": state.fabric})
+        self.dir = state_dir(state.prefix)
+
+    @classmethod
+    def load(cls, prefix: str) -> "Testbed":
+        path = state_dir(prefix) / "state.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise StateError(f"no testbed with prefix {prefix!r} is up: start one with `flowpulse fabric up --prefix {prefix}`") from None
+        except json.JSONDecodeError:
+            raise StateError(f"state of testbed {prefix!r} is damaged: run `flowpulse fabric down --prefix {prefix}` and up again") from None
+        st = TestbedState(**data)
+        if st.status != "up":
+            raise StateError(f"testbed {prefix!r} is {st.status}, not up: run `flowpulse fabric down --prefix {prefix}` and up again")
+        return cls(st)
+
+    def ns(self, node: str) -> str:
+        return namespace(self.prefix, node)
+
+    @property
+    def out_of_service(self) -> list[Link]:
+        return [l for text in self.state.out_of_service for l in self.fabric.parse_links(text)]
+
+    def save(self) -> None:
+        write_state(self.state)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator["Testbed"]:
+        """Serialise read-modify-write of the state (two `fault add` at once)."""
+        with open(self.dir / "lock", "w") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            fresh = Testbed.load(self.prefix)
+            self.state = fresh.state
+            yield self
+
+    def maps(self, switch: str):
+        from netns_testbed.datapath import SwitchMaps
+
+        if not self.state.datapath:
+            raise StateError(f"testbed {self.prefix!r} runs without the eBPF datapath: no counters or faults")
+        return SwitchMaps(self.fabric, self.dir, switch)
+
+
+def write_state(state: TestbedState) -> None:
+    d = state_dir(state.prefix)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / "state.json.tmp"
+    tmp.write_text(state.to_json())
+    os.replace(tmp, d / "state.json")
