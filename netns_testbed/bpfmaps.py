@@ -168,3 +168,41 @@ class PinnedHash:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+BPF_PROG_GET_NEXT_ID = 11
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_OBJ_GET_INFO_BY_FD = 15
+
+
+class _NextIdAttr(ct.Structure):
+    _fields_ = [("start_id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32)]
+
+
+class _InfoAttr(ct.Structure):
+    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64)]
+
+
+def loaded_program_names() -> list[str]:
+    """Names of all BPF programs loaded in the kernel (what ``bpftool prog`` lists)."""
+    names, cur = [], 0
+    while True:
+        attr = _NextIdAttr(start_id=cur)
+        try:
+            _bpf(BPF_PROG_GET_NEXT_ID, attr)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return names
+            raise
+        cur = attr.next_id
+        try:
+            fd = _bpf(BPF_PROG_GET_FD_BY_ID, _NextIdAttr(start_id=cur))
+        except OSError:
+            continue
+        try:
+            info = (ct.c_uint8 * 256)()
+            _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(info)))
+            # struct bpf_prog_info: name[16] starts at byte offset 64
+            names.append(bytes(info[64:80]).split(b"\0")[0].decode(errors="replace"))
+        finally:
+            os.close(fd)

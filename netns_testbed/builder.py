@@ -85,6 +85,7 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
         raise StateError(f"a testbed with prefix {prefix!r} already exists: run `flowpulse fabric down --prefix {prefix}` or pick another --prefix")
     if opts.datapath:
         dp.load_bcc()
+        dp.check_headers()
     say = progress or (lambda msg: log.info(msg))
     t0 = time.monotonic()
     state = TestbedState(prefix=prefix, fabric=spec.to_dict(), spray=opts.spray, gap_ms=opts.gap_ms,
@@ -294,3 +295,18 @@ def status(prefix: str) -> dict:
     except StateError as e:
         out.update({"status": "broken", "error": str(e), "healthy": False})
     return out
+
+
+def set_spray_mode(tb: Testbed, mode: str) -> None:
+    """Switch every leaf's spray mode live (the programs read it per packet)."""
+    if mode not in SPRAY_MODES:
+        raise SpecError(f"unknown spray mode {mode!r}: choose one of {', '.join(SPRAY_MODES)}")
+    with tb.locked():
+        for leaf in tb.fabric.leaves:
+            m = tb.maps(leaf)
+            try:
+                m.set_config(mode, tb.state.gap_ms)
+            finally:
+                m.close()
+        tb.state.spray = mode
+        tb.save()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ctypes as ct
 import ipaddress
+import math
 import os
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -130,9 +132,20 @@ def load_bcc():
     return BPF
 
 
+def check_headers() -> None:
+    """BCC compiles against kernel headers; say how to get them before it fails obscurely."""
+    src = os.environ.get("BCC_KERNEL_SOURCE")
+    build = Path(src) if src else Path("/lib/modules") / os.uname().release / "build"
+    if not (build / "include").is_dir() and not (build / "Makefile").exists():
+        raise EnvironmentProblem(
+            f"kernel headers not found at {build}: run sudo scripts/setup.sh (installs linux-headers "
+            "and links them for this kernel) or set BCC_KERNEL_SOURCE")
+
+
 def compile_switch(shape: SwitchShape):
     """Compile the switch program; returns (bpf object, ingress fn, egress fn)."""
     BPF = load_bcc()
+    check_headers()
     try:
         b = BPF(src_file=str(SRC).encode(), cflags=shape.cflags())
         return b, b.load_func(b"fp_ingress", BPF.SCHED_CLS), b.load_func(b"fp_egress", BPF.SCHED_CLS)
@@ -232,18 +245,23 @@ def smooth_wrr(weighted: list[tuple[int, float]], slots: int = SPRAY_SLOTS) -> l
     """A spray table for integer-ish weights: nginx's smooth weighted round-robin.
 
     Equal weights give the plain rotation 0,1,2,...; unequal weights are scaled to
-    integers (at most ``slots`` entries) and spread evenly over the table.
+    integers (smallest exact table, at most ``slots`` entries) and spread evenly over the table.
     """
     if not weighted:
         return []
     ws = [w for _, w in weighted]
     if all(abs(w - ws[0]) < 1e-12 for w in ws):
         return [p for p, _ in weighted]
-    scale = min(slots / sum(ws), 1000.0)
-    ints = [max(1, int(round(w * scale))) for w in ws]
-    while sum(ints) > slots:
-        i = ints.index(max(ints))
-        ints[i] -= 1
+    fracs = [Fraction(w).limit_denominator(64) for w in ws]
+    denom = math.lcm(*(f.denominator for f in fracs))
+    ints = [int(f * denom) for f in fracs]
+    g = math.gcd(*ints)
+    ints = [max(1, i // g) for i in ints]
+    if sum(ints) > slots:  # too fine-grained for the table: round to its size
+        total = sum(ints)
+        ints = [max(1, round(i * slots / total)) for i in ints]
+        while sum(ints) > slots:
+            ints[ints.index(max(ints))] -= 1
     current = [0] * len(ints)
     total = sum(ints)
     table = []

@@ -158,20 +158,20 @@ static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook
     if (!f || f->kind == FP_FAULT_NONE)
         return 0;
     struct fp_fault_stats *st = fault_stats.lookup(&idx);
-    if (f->period_ns) {  // flapping: active for on_ns of every period_ns
-        if (((now - f->t0_ns) % f->period_ns) >= f->on_ns)
-            return 0;
-    }
     if (f->match_ip) {
         if (!pi->iph)
             return 0;
         if ((pi->saddr & f->src_mask) != f->src_net || (pi->daddr & f->dst_mask) != f->dst_net)
             return 0;
     }
+    if (st)
+        st->matched += 1;  // packets on the link matching the fault's endpoints
+    if (f->period_ns) {  // flapping: active for on_ns of every period_ns
+        if (((now - f->t0_ns) % f->period_ns) >= f->on_ns)
+            return 0;
+    }
     if (f->flow_frac < FP_ALL && pi->flow_hash >= f->flow_frac)
         return 0;
-    if (st)
-        st->matched += 1;
     if (f->prob < FP_PROB_ONE && (u64)bpf_get_prandom_u32() >= f->prob)
         return 0;
     if (f->kind == FP_FAULT_CORRUPT) {

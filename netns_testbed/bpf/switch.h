@@ -60,7 +60,7 @@ struct fp_fault {
 };
 
 struct fp_fault_stats {
-    u64 matched;     // packets the fault's filter selected
+    u64 matched;     // packets on the link matching src/dst (whether hit or not)
     u64 hit;         // of those, dropped or corrupted
 };
 
