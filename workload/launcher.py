@@ -1,0 +1,240 @@
+"""Launch a torch.distributed (gloo) job with one rank per host namespace.
+
+The launcher owns its ranks: each runs in its own session, and on Ctrl-C, a
+rank failure or the wall-clock deadline every rank is killed by PID and the
+failing rank is named. ``GLOO_SOCKET_IFNAME=eth0`` is set (without it gloo
+resolves the hostname to 127.0.0.1 and ranks hang).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from flowpulse.errors import EnvironmentProblem, SpecError
+from netns_testbed.nsutil import kill_pids, netns_argv
+from netns_testbed.state import Testbed
+from workload.rank import WORKLOADS
+
+log = logging.getLogger("flowpulse.workload")
+PLACEMENTS = ("interleaved", "contiguous")
+
+
+@dataclass
+class JobSpec:
+    """What to run: collective, size, iterations, idle phase, ranks, placement, timeouts."""
+
+    workload: str = "allreduce"
+    size: int = 4 << 20
+    iterations: int = 20
+    idle_ms: float = 300.0
+    ranks: int | None = None
+    placement: str = "interleaved"
+    gloo_timeout_s: float = 30.0
+    deadline_s: float | None = None
+    seed: int = 0
+    port: int = 29500
+
+    def validate(self, tb: Testbed) -> None:
+        if self.workload not in WORKLOADS:
+            raise SpecError(f"unknown workload {self.workload!r}: choose one of {', '.join(WORKLOADS)}")
+        if self.placement not in PLACEMENTS:
+            raise SpecError(f"unknown placement {self.placement!r}: choose interleaved or contiguous")
+        n = self.ranks or len(tb.fabric.hosts)
+        if not 2 <= n <= len(tb.fabric.hosts):
+            raise SpecError(f"bad rank count {n}: this fabric has {len(tb.fabric.hosts)} hosts (need 2..that)")
+        if not 4 <= self.size <= 1 << 31:
+            raise SpecError(f"bad size {self.size}: must be 4 bytes .. 2 GiB")
+        if not 1 <= self.iterations <= 100_000:
+            raise SpecError(f"bad iterations {self.iterations}: must be 1..100000")
+        if not 0 <= self.idle_ms <= 60_000:
+            raise SpecError(f"bad idle {self.idle_ms} ms: must be 0..60000")
+        if self.gloo_timeout_s <= 0:
+            raise SpecError("gloo timeout must be > 0 seconds")
+
+    @property
+    def deadline(self) -> float:
+        """Wall-clock limit: start-up (torch import) + iterations at a pessimistic pace."""
+        if self.deadline_s:
+            return self.deadline_s
+        per_iter = self.idle_ms / 1000 + 2.0 + self.size / 5e6
+        return 120.0 + self.iterations * per_iter + self.gloo_timeout_s
+
+
+def placement(tb: Testbed, n: int, how: str) -> list[str]:
+    """Hosts of ranks 0..n-1. Interleaved puts rank r on leaf r % L, so every ring
+    edge crosses the spines and every leaf-spine link carries traffic."""
+    f = tb.fabric
+    if how == "contiguous":
+        return f.hosts[:n]
+    order = [h for j in range(f.spec.hosts_per_leaf) for leaf in f.leaves for h in [f.leaf_hosts(leaf)[j]]]
+    return order[:n]
+
+
+@dataclass
+class JobResult:
+    ok: bool
+    spec: dict
+    hosts: list[str]
+    ranks: list[dict] = field(default_factory=list)
+    failed_rank: int | None = None
+    failure: str | None = None
+    wall_s: float = 0.0
+    iterations: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_torch() -> None:
+    r = subprocess.run([sys.executable, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise EnvironmentProblem("torch with gloo is not importable: pip install torch==2.13.0 (scripts/setup.sh does it)")
+
+
+def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
+            progress: Callable[[str], None] | None = None,
+            on_start: Callable[[list[subprocess.Popen]], None] | None = None) -> JobResult:
+    """Run the job to completion (or failure); always leaves no rank behind."""
+    spec.validate(tb)
+    check_torch()
+    say = progress or log.info
+    n = spec.ranks or len(tb.fabric.hosts)
+    hosts = placement(tb, n, spec.placement)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    master = f"{tb.fabric.host_ip(hosts[0])}:{spec.port}"
+    procs: list[subprocess.Popen] = []
+    logs = []
+    t0 = time.time()
+    failed_rank, failure = None, None
+    try:
+        for r, host in enumerate(hosts):
+            argv = netns_argv(tb.ns(host), [
+                sys.executable, "-m", "workload.rank", "--rank", str(r), "--world", str(n), "--master", master,
+                "--workload", spec.workload, "--size", str(spec.size), "--iterations", str(spec.iterations),
+                "--idle-ms", str(spec.idle_ms), "--timeout", str(spec.gloo_timeout_s), "--seed", str(spec.seed),
+                "--out", str(out_dir / f"rank{r}.json")])
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "FLOWPULSE_HOST": host,
+                   "PYTHONUNBUFFERED": "1"}
+            env.pop("LOCAL_WORLD_SIZE", None)  # else newer gloo may use shared memory, not the wire
+            lf = open(out_dir / f"rank{r}.log", "w")
+            logs.append(lf)
+            procs.append(subprocess.Popen(argv, stdout=lf, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent)))
+        say(f"started {n} ranks ({spec.workload}, {spec.size / 2**20:g} MiB x {spec.iterations}) on {', '.join(hosts)}")
+        if on_start:
+            on_start(procs)
+        deadline = t0 + spec.deadline
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed_rank = _first_failure(out_dir, bad)
+                failure = _failure_text(out_dir, failed_rank, dict(bad)[failed_rank])
+                break
+            if all(c == 0 for c in codes):
+                break
+            if time.time() > deadline:
+                stuck = [r for r, c in enumerate(codes) if c is None]
+                failed_rank = stuck[0]
+                failure = f"deadline of {spec.deadline:.0f} s passed with ranks {stuck} still running"
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        failure = "interrupted"
+        raise
+    finally:
+        _kill_all(procs)
+        for lf in logs:
+            lf.close()
+    result = JobResult(ok=failure is None, spec=asdict(spec), hosts=hosts, failed_rank=failed_rank,
+                       failure=failure, wall_s=time.time() - t0)
+    result.ranks = [_read_rank(out_dir, r) for r in range(n)]
+    result.iterations, result.summary = summarize(result.ranks, spec, n, mss=tb.fabric.spec.mtu - 52)
+    (out_dir / "workload.json").write_text(json.dumps(result.to_dict(), indent=1))
+    if failure:
+        say(f"job failed: rank {failed_rank} ({hosts[failed_rank]}): {failure}")
+    return result
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    pids = []
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            pids.append(p.pid)
+    kill_pids(pids)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _read_rank(out_dir: Path, r: int) -> dict:
+    try:
+        return json.loads((out_dir / f"rank{r}.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"rank": r, "ok": False, "error": "no result (killed or crashed)", "iterations": []}
+
+
+def _first_failure(out_dir: Path, bad: list[tuple[int, int]]) -> int:
+    """The rank that failed first by its own report; peers fail as a consequence."""
+    reports = [(r, _read_rank(out_dir, r)) for r, _ in bad]
+    own = [r for r, rep in reports if rep.get("error") and "Connection closed by peer" not in rep["error"]]
+    return (own or [bad[0][0]])[0]
+
+
+def _failure_text(out_dir: Path, r: int, code: int) -> str:
+    rep = _read_rank(out_dir, r)
+    if rep.get("error") and rep["error"] != "no result (killed or crashed)":
+        return f"exit {code}: {rep['error']}"
+    tail = (out_dir / f"rank{r}.log").read_text(errors="replace").strip().splitlines()[-1:] if (out_dir / f"rank{r}.log").exists() else []
+    return f"exit {code}: {tail[0] if tail else 'no output'}"
+
+
+def summarize(ranks: list[dict], spec: JobSpec, n: int, mss: int = 1448) -> tuple[list[dict], dict]:
+    """Per-iteration job view (first start, last end over ranks) and bus bandwidth.
+
+    ``first_tx_payload`` takes retransmitted segments (``mss`` bytes each) off the
+    payload: spraying reorders packets and TCP retransmits spuriously (tens of
+    segments per iteration with no loss), which is traffic but not the collective's.
+    """
+    its = []
+    count = min((len(r.get("iterations", [])) for r in ranks), default=0)
+    for i in range(count):
+        rows = [r["iterations"][i] for r in ranks]
+        start, end = min(x["start"] for x in rows), max(x["end"] for x in rows)
+        its.append({"index": i, "start": start, "end": end, "duration_s": end - start,
+                    "mono_start_ns": min(x["mono_start_ns"] for x in rows),
+                    "mono_end_ns": max(x["mono_end_ns"] for x in rows),
+                    "tx_bytes": [x["tx_bytes"] for x in rows], "rx_bytes": [x["rx_bytes"] for x in rows],
+                    "tx_payload": [x["tx_payload"] for x in rows],
+                    "retrans_segs": [x["retrans_segs"] for x in rows],
+                    "first_tx_payload": [x["tx_payload"] - mss * x["retrans_segs"] for x in rows],
+                    **({"loss": sum(x["loss"] for x in rows) / n} if "loss" in rows[0] else {})})
+    summary: dict = {"completed_iterations": count}
+    if its:
+        import statistics
+
+        durs = sorted(x["duration_s"] for x in its)
+        med = statistics.median(durs)
+        # bus bandwidth convention (nccl-tests): allreduce moves 2(N-1)/N x S per rank
+        factor = {"allreduce": 2 * (n - 1) / n, "ddp": 2 * (n - 1) / n}.get(spec.workload, (n - 1) / n)
+        summary.update({"iteration_s_median": med, "iteration_s_p95": durs[min(len(durs) - 1, int(0.95 * len(durs)))],
+                        "busbw_gbps": spec.size * factor * 8 / med / 1e9 if med > 0 else None,
+                        "tx_bytes_per_rank_per_iter": [statistics.mean(x["tx_bytes"][r] for x in its) for r in range(n)],
+                        "tx_payload_per_rank_per_iter": [statistics.mean(x["tx_payload"][r] for x in its) for r in range(n)]})
+    return its, summary
