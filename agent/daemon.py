@@ -1,0 +1,167 @@
+"""The agent: per switch, read pulses, judge them, report.
+
+Each :class:`SwitchAgent` owns one switch's reader and detector and nothing
+else: no switch's agent sees another's counters. ``run_agents`` polls any
+number of them in one loop (cheap: one syscall per switch while idle); the
+CLI runs one process per switch or all in one.
+
+Outputs: JSON-lines alert events (file and/or stdout), recorded pulses (for
+offline replay), a Prometheus endpoint, structured logs on stderr.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from agent.detector import Alert, DetectorConfig, SwitchDetector
+from agent.pulse import PulseCounts
+from agent.reader import PulseReader
+from netns_testbed.state import Testbed
+from netns_testbed.topo import Link
+
+log = logging.getLogger("flowpulse.agent")
+
+
+@dataclass
+class AgentOptions:
+    cfg: DetectorConfig
+    alerts: Path | None = None          # JSON-lines alert events
+    record: Path | None = None          # directory for pulses-<switch>.jsonl
+    degraded: list[str] | None = None   # links known to be lossy: not tested
+    poll_s: float = 0.01
+
+
+class SwitchAgent:
+    """Reader + detector + outputs of one switch."""
+
+    def __init__(self, tb: Testbed, switch: str, opts: AgentOptions,
+                 sinks: list[Callable[[dict], None]] | None = None) -> None:
+        if switch not in tb.fabric.switches:
+            from flowpulse.errors import SpecError
+
+            raise SpecError(f"unknown switch {switch!r}: this fabric has {', '.join(tb.fabric.switches)}")
+        self.tb = tb
+        self.switch = switch
+        self.opts = opts
+        self.reader = PulseReader(tb, switch)
+        self.detector = self._make_detector()
+        self.sinks = list(sinks or [])
+        self.alerts_total: dict[str, int] = {}
+        self.last_pulse: PulseCounts | None = None
+        self.pulses = 0
+        self.busy_s = 0.0
+        self._rec: TextIO | None = None
+        if opts.record:
+            opts.record.mkdir(parents=True, exist_ok=True)
+            self._rec = open(opts.record / f"pulses-{switch}.jsonl", "a")
+
+    def _make_detector(self) -> SwitchDetector:
+        degraded = [l for text in self.opts.degraded or [] for l in self.tb.fabric.parse_links(text)]
+        cfg = DetectorConfig(**{**self.opts.cfg.__dict__, "spray": self.tb.state.spray})
+        return SwitchDetector(self.tb.fabric, self.switch, cfg, self.tb.state.weights, self.tb.out_of_service, degraded)
+
+    def accept(self) -> None:
+        """The operator accepted the fabric's current state (e.g. new out-of-service links): relearn."""
+        self.tb = Testbed.load(self.tb.prefix)
+        degraded = [l for text in self.opts.degraded or [] for l in self.tb.fabric.parse_links(text)]
+        self.detector.accept(self.tb.out_of_service, degraded)
+        log.info("%s: accepted current fabric state; relearning", self.switch)
+
+    def step(self) -> list[Alert]:
+        t0 = time.perf_counter()
+        pc = self.reader.poll()
+        events: list[Alert] = []
+        if pc is not None:
+            self.pulses += 1
+            self.last_pulse = pc
+            if self._rec:
+                self._rec.write(json.dumps(pc.to_dict()) + "\n")
+                self._rec.flush()
+            if pc.nports != self.detector.nports:
+                log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
+                self.detector = self._make_detector()
+            events = self.detector.observe(pc)
+            for ev in events:
+                self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event == "alert")
+                d = ev.to_dict()
+                log.warning("%s %s: port %d (%s) %s link=%s candidates=%s rate=%.4f z=%.1f window=%d",
+                            ev.event, ev.kind, ev.port, ev.ifname, ev.switch, ev.link, ",".join(ev.candidates),
+                            ev.estimated_rate, ev.score, ev.window)
+                for sink in self.sinks:
+                    sink(d)
+        self.busy_s += time.perf_counter() - t0
+        return events
+
+    def close(self) -> None:
+        self.reader.close()
+        if self._rec:
+            self._rec.close()
+
+
+class JsonLinesSink:
+    """Appends alert events to a file (and optionally stdout), one JSON object a line."""
+
+    def __init__(self, path: Path | None, stdout: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.f = open(path, "a") if path else None
+        self.stdout = stdout
+
+    def __call__(self, event: dict) -> None:
+        line = json.dumps(event, default=float)
+        with self.lock:
+            if self.f:
+                self.f.write(line + "\n")
+                self.f.flush()
+            if self.stdout:
+                print(line, flush=True)
+
+    def close(self) -> None:
+        if self.f:
+            self.f.close()
+
+
+def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
+               on_tick: Callable[[list[SwitchAgent]], None] | None = None, tick_s: float = 1.0) -> None:
+    """Poll every agent until ``stop`` is set; SIGHUP means "accept the current fabric state"."""
+    hup = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    next_tick = time.monotonic() + tick_s
+    while not stop.is_set():
+        if hup.is_set():
+            hup.clear()
+            for a in agents:
+                a.accept()
+        for a in agents:
+            a.step()
+        if on_tick and time.monotonic() >= next_tick:
+            on_tick(agents)
+            next_tick = time.monotonic() + tick_s
+        stop.wait(poll_s)
+
+
+def live_view(agents: list[SwitchAgent]) -> str:
+    """A terminal screen: per switch its pulses, worst port and active alerts."""
+    lines = [f"FlowPulse live view  {time.strftime('%H:%M:%S')}   (Ctrl-C to stop)", "",
+             f"{'SWITCH':8} {'PULSES':>6} {'STATE':9} {'WORST PORT':14} {'SCORE':>6}  ALERTS"]
+    for a in agents:
+        det = a.detector
+        scores = det.port_scores()
+        worst = max(scores.items(), key=lambda kv: kv[1]) if scores else None
+        state = "learning" if det.warming_up else "watching"
+        alerts = [f"{st['alert'].kind}:{st['alert'].link or '|'.join(st['alert'].candidates)}"
+                  f"@{st['alert'].estimated_rate:.2%}" for st in det.active.values()]
+        wp = f"{worst[0]} ({a.tb.fabric.port(a.switch, worst[0]).ifname})" if worst else "-"
+        lines.append(f"{a.switch:8} {a.pulses:>6} {state:9} {wp:14} {worst[1] if worst else 0:>6.1f}  "
+                     + (", ".join(alerts) or "-"))
+    return "\n".join(lines)
+
+
+def known_links(tb: Testbed, texts: list[str]) -> list[Link]:
+    return [l for t in texts for l in tb.fabric.parse_links(t)]

@@ -1,0 +1,71 @@
+"""Prometheus export of the agents: a custom collector read at scrape time.
+
+Nothing is stored twice: each scrape walks the agents' detectors and readers
+(client_python's custom-collector pattern). Metric names start ``flowpulse_``.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from agent.daemon import SwitchAgent
+
+
+class AgentCollector:
+    def __init__(self, agents: list[SwitchAgent]) -> None:
+        self.agents = agents
+
+    def collect(self) -> Iterable:
+        pulses = CounterMetricFamily("flowpulse_pulses", "Pulses (collective iterations) judged", labels=["switch"])
+        warming = GaugeMetricFamily("flowpulse_agent_learning", "1 while the detector learns its healthy pulse",
+                                    labels=["switch"])
+        pkts = GaugeMetricFamily("flowpulse_port_pulse_packets", "IPv4 packets on the port in the last pulse",
+                                 labels=["switch", "port", "ifname", "direction"])
+        score = GaugeMetricFamily("flowpulse_port_deviation_score",
+                                  "Largest deficit z-score of the port over the accumulation windows",
+                                  labels=["switch", "port", "ifname"])
+        thresh = GaugeMetricFamily("flowpulse_score_threshold", "z-score that raises an alert on this switch",
+                                   labels=["switch"])
+        active = GaugeMetricFamily("flowpulse_alert_active", "1 while an alert is active",
+                                   labels=["switch", "port", "ifname", "link", "kind"])
+        rate = GaugeMetricFamily("flowpulse_alert_estimated_rate", "Estimated loss/corruption rate of an active alert",
+                                 labels=["switch", "port", "ifname", "link", "kind"])
+        alerts = CounterMetricFamily("flowpulse_alerts", "Alerts raised", labels=["switch", "kind"])
+        resync = CounterMetricFamily("flowpulse_reader_resyncs", "Counter resets / reloads survived", labels=["switch"])
+        busy = CounterMetricFamily("flowpulse_agent_busy_seconds", "CPU-side time spent polling and judging",
+                                   labels=["switch"])
+        for a in self.agents:
+            sw = a.switch
+            det = a.detector
+            pulses.add_metric([sw], a.pulses)
+            warming.add_metric([sw], 1.0 if det.warming_up else 0.0)
+            thresh.add_metric([sw], det.z_star())
+            resync.add_metric([sw], a.reader.resyncs)
+            busy.add_metric([sw], a.busy_s)
+            for kind in ("loss", "corruption"):
+                alerts.add_metric([sw, kind], a.alerts_total.get(kind, 0))
+            if a.last_pulse is not None:
+                for p in a.tb.fabric.ports[sw]:
+                    for d, dn in ((0, "in"), (1, "out")):
+                        pkts.add_metric([sw, str(p.index), p.ifname, dn], float(a.last_pulse.ip[p.index, d].sum()))
+            scores = det.port_scores()
+            for p in a.tb.fabric.ports[sw]:
+                score.add_metric([sw, str(p.index), p.ifname], scores.get(p.index, 0.0))
+            for st in det.active.values():
+                al = st["alert"]
+                labels = [sw, str(al.port), al.ifname, al.link or "|".join(al.candidates), al.kind]
+                active.add_metric(labels, 1.0)
+                rate.add_metric(labels, al.estimated_rate)
+        yield from (pulses, warming, pkts, score, thresh, active, rate, alerts, resync, busy)
+
+
+def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
+    """Start the HTTP endpoint (loopback by default: agents' data is not for the world)."""
+    from prometheus_client import start_http_server
+
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(agents))
+    start_http_server(port, addr=addr, registry=reg)
+    return reg

@@ -1,0 +1,97 @@
+"""``flowpulse agent``: the per-switch FlowPulse detector as a long-running daemon."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from flowpulse.cli import Formatter, add_common
+
+
+def add_detector_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", choices=("analytic", "learned"), default="analytic",
+                   help="expected spray shares from the fabric model (analytic) or from healthy pulses (learned)")
+    p.add_argument("--alpha", type=float, default=1e-6, help="false-alarm probability per switch per pulse")
+    p.add_argument("--max-window", type=int, default=256, help="longest evidence window, pulses")
+    p.add_argument("--warmup", type=int, default=12, help="healthy pulses to learn the noise before judging")
+    p.add_argument("--min-rate", type=float, default=0.001, help="ignore estimated loss rates below this")
+    p.add_argument("--degraded", action="append", default=[], metavar="LINK",
+                   help="a link known to be lossy: excluded from the tests (repeatable)")
+
+
+def detector_config(args: argparse.Namespace):
+    from agent.detector import DetectorConfig
+
+    return DetectorConfig(model=args.model, alpha=args.alpha, max_window=args.max_window, warmup=args.warmup,
+                          min_rate=args.min_rate).validate()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "agent", help="run the FlowPulse detector on one switch or all", formatter_class=Formatter,
+        epilog="examples:\n  sudo flowpulse agent --switch leaf2\n"
+               "  sudo flowpulse agent --all --alerts alerts.jsonl --metrics-port 9580\n"
+               "  sudo flowpulse agent --all --live\n"
+               "Send SIGHUP to accept the fabric's current state (e.g. a link taken out of service): the\n"
+               "detectors then relearn. Each switch's detector uses only its own counters.")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--switch", action="append", default=[], help="switch to watch (repeatable)")
+    who.add_argument("--all", action="store_true", help="every switch of the testbed")
+    add_detector_args(p)
+    p.add_argument("--alerts", type=Path, help="append JSON-lines alert events to this file")
+    p.add_argument("--record", type=Path, help="directory to record every pulse (pulses-<switch>.jsonl) for replay")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="address for the metrics endpoint")
+    p.add_argument("--live", action="store_true", help="full-screen live view in the terminal")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--poll-ms", type=float, default=10.0, help="how often to look at the pulse state")
+    add_common(p)
+    p.set_defaults(func=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, live_view, run_agents
+    from netns_testbed.nsutil import require_root
+    from netns_testbed.state import Testbed
+
+    require_root()
+    tb = Testbed.load(args.prefix)
+    switches = tb.fabric.switches if args.all else args.switch
+    for text in args.degraded:
+        tb.fabric.parse_links(text)
+    opts = AgentOptions(cfg=detector_config(args), alerts=args.alerts, record=args.record, degraded=args.degraded,
+                        poll_s=args.poll_ms / 1000)
+    sink = JsonLinesSink(args.alerts, stdout=args.json)
+    agents = [SwitchAgent(tb, sw, opts, sinks=[sink]) for sw in switches]
+    piddir = tb.dir / "pids"
+    piddir.mkdir(exist_ok=True)
+    pidfile = piddir / f"agent-{os.getpid()}.pid"
+    pidfile.write_text(f"{os.getpid()} {' '.join(switches)}\n")
+    if args.metrics_port is not None:
+        from agent.metrics import serve
+
+        serve(agents, args.metrics_port, args.metrics_addr)
+        print(f"[agent] metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics", file=sys.stderr)
+    stop = threading.Event()
+    if args.duration:
+        threading.Timer(args.duration, stop.set).start()
+    print(f"[agent] watching {', '.join(switches)} on testbed {tb.prefix} (spray {tb.state.spray}, "
+          f"model {args.model})", file=sys.stderr)
+    tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags), flush=True)) if args.live else None
+    try:
+        run_agents(agents, stop, opts.poll_s, on_tick=tick)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:  # maps gone: the testbed went down under us
+        print(f"flowpulse: agent stopped: {e}", file=sys.stderr)
+        return 4
+    finally:
+        stop.set()
+        for a in agents:
+            a.close()
+        sink.close()
+        pidfile.unlink(missing_ok=True)
+    return 0
