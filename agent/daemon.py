@@ -80,13 +80,15 @@ class SwitchAgent:
         if pc is not None:
             self.pulses += 1
             self.last_pulse = pc
-            if self._rec:
-                self._rec.write(json.dumps(pc.to_dict()) + "\n")
-                self._rec.flush()
             if pc.nports != self.detector.nports:
                 log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
                 self.detector = self._make_detector()
             events = self.detector.observe(pc)
+            if self._rec:
+                rec = pc.to_dict()
+                rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
+                self._rec.write(json.dumps(rec) + "\n")
+                self._rec.flush()
             for ev in events:
                 self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event == "alert")
                 d = ev.to_dict()

@@ -97,6 +97,7 @@ class Cell:
     e: deque = field(default_factory=deque)    # expected counts (rate estimate)
     o: deque = field(default_factory=deque)    # observed
     scale: deque = field(default_factory=deque)  # p -> r factor per pulse
+    t0: deque = field(default_factory=deque)   # pulse start times (wall)
     warm: list = field(default_factory=list)   # warm-up samples
     learned: dict = field(default_factory=dict)
 
@@ -189,7 +190,8 @@ class SwitchDetector:
                     self._learn_ready()
                 continue
             r, v, e = self._residual(cell, obs, exp_, var, extra)
-            for dq, x in ((cell.r, r), (cell.v, v), (cell.e, e), (cell.o, obs), (cell.scale, scale)):
+            for dq, x in ((cell.r, r), (cell.v, v), (cell.e, e), (cell.o, obs), (cell.scale, scale),
+                          (cell.t0, pc.start_time)):
                 dq.append(x)
                 if len(dq) > self.cfg.max_window:
                     dq.popleft()
@@ -422,7 +424,8 @@ class SwitchDetector:
                           pc.start_time,
                           {"expected": round(sum(list(cell.e)[-w:]), 1), "observed": round(sum(list(cell.o)[-w:]), 1),
                            "deficit": round(deficit, 1), "source": (f"leaf{cell.src - 1}" if cell.src > 0 else None),
-                           "test": cell.kind, "z_threshold": round(self.z_star(), 3)})
+                           "test": cell.kind, "z_threshold": round(self.z_star(), 3),
+                           "window_start": list(cell.t0)[-w] if len(cell.t0) >= w else pc.start_time})
             if state is None or state.get("link") != link or abs(state.get("rate", 0) - rate) > max(0.2 * rate, 0.001) \
                     or pc.pulse - state.get("last_event_pulse", 0) >= 16:
                 events.append(alert)
@@ -445,7 +448,7 @@ class SwitchDetector:
                 # start the evidence afresh so that a resolved alert does not re-fire on old pulses
                 for cell in self.cells.values():
                     if f"{self.switch}/{cell.port}/{cell.direction}" in aid:
-                        for dq in (cell.r, cell.v, cell.e, cell.o, cell.scale):
+                        for dq in (cell.r, cell.v, cell.e, cell.o, cell.scale, cell.t0):
                             dq.clear()
         return events
 

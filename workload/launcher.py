@@ -122,7 +122,8 @@ def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
                 sys.executable, "-m", "workload.rank", "--rank", str(r), "--world", str(n), "--master", master,
                 "--workload", spec.workload, "--size", str(spec.size), "--iterations", str(spec.iterations),
                 "--idle-ms", str(spec.idle_ms), "--timeout", str(spec.gloo_timeout_s), "--seed", str(spec.seed),
-                "--out", str(out_dir / f"rank{r}.json")])
+                "--out", str(out_dir / f"rank{r}.json"),
+                *(["--progress", str(out_dir / "progress.jsonl")] if r == 0 else [])])
             env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "FLOWPULSE_HOST": host,
                    "PYTHONUNBUFFERED": "1"}
             env.pop("LOCAL_WORLD_SIZE", None)  # else newer gloo may use shared memory, not the wire

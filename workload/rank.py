@@ -55,6 +55,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=30.0, help="gloo timeout, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    p.add_argument("--progress", default=None, help="append a JSON line at each iteration's start and end")
     return p.parse_args(argv)
 
 
@@ -74,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                                 world_size=args.world, timeout=datetime.timedelta(seconds=args.timeout))
         result["init_s"] = time.time() - t_init
         step = _make_step(args, torch, dist)
+        progress = open(args.progress, "a", buffering=1) if args.progress else None
         for i in range(args.iterations):
+            if progress:
+                progress.write(json.dumps({"i": i, "phase": "start", "t": time.time()}) + "\n")
             rx0, rxp0, tx0, txp0 = nic_counters()
             rt0 = tcp_retrans()
             t0, m0 = time.time(), time.monotonic_ns()
@@ -87,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 "tx_bytes": tx1 - tx0, "rx_bytes": rx1 - rx0, "tx_packets": txp1 - txp0, "rx_packets": rxp1 - rxp0,
                 # TCP payload on the wire (headers of every frame taken off): comparable with 2(N-1)/N x S
                 "tx_payload": (tx1 - tx0) - TCP_FRAME_OVERHEAD * (txp1 - txp0), "retrans_segs": rt1 - rt0, **info})
+            if progress:
+                progress.write(json.dumps({"i": i, "phase": "end", "t": time.time()}) + "\n")
             time.sleep(args.idle_ms / 1000.0)
         result["ok"] = all(it.get("correct", True) for it in result["iterations"])
         if not result["ok"]:

@@ -1,0 +1,192 @@
+"""Run one experiment end to end and write its run directory.
+
+fabric up -> agents on every switch -> workload -> faults on schedule ->
+counters, alerts, workload summary recorded -> fabric down (always, also on
+failure or Ctrl-C) -> report.json (+ plots by analysis/report.py).
+
+Run directory::
+
+    report.json          the contract (faults, alerts, iterations, detection)
+    alerts.jsonl         every alert event of every switch's agent
+    pulses/pulses-<switch>.jsonl   per-switch per-port pulse counters (+ scores)
+    workload/            rank logs, per-rank results, workload.json
+    baselines.json       what interface-counter and host-retransmission monitors saw
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, run_agents
+from agent.pulse import PulseCounts
+from analysis import baselines
+from analysis.localize import incidents as make_incidents
+from analysis.scoring import detection_summary
+from analysis.spec import ExperimentSpec, ScheduledFault
+from netns_testbed import builder, faults as fault_ops
+from netns_testbed.state import Testbed
+from workload.launcher import run_job
+
+log = logging.getLogger("flowpulse.experiment")
+REPORT_VERSION = 1
+
+
+class FaultScheduler(threading.Thread):
+    """Switches faults on when their start comes: in the idle gap before iteration K
+    (rank 0 reports each iteration's end) or at t seconds after the job started."""
+
+    def __init__(self, tb: Testbed, scheduled: list[ScheduledFault], progress: Path, say: Callable[[str], None]):
+        super().__init__(daemon=True)
+        self.tb, self.scheduled, self.progress, self.say = tb, scheduled, progress, say
+        self.stop = threading.Event()
+        self.started_at: float | None = None
+        self.applied: dict[str, float] = {}
+        self.errors: list[str] = []
+
+    def apply(self, sf: ScheduledFault) -> None:
+        fault_ops.apply(self.tb, sf.fault)
+        self.applied[sf.fault.link] = time.time()
+        self.say(f"fault on: {sf.fault.describe()}")
+
+    def run(self) -> None:
+        pending = list(self.scheduled)
+        for sf in [s for s in pending if s.at_iter == 0]:
+            self.apply(sf)
+            pending.remove(sf)
+        ended: set[int] = set()
+        while pending and not self.stop.is_set():
+            if self.progress.exists():
+                for line in self.progress.read_text().splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if rec["phase"] == "start" and self.started_at is None:
+                        self.started_at = rec["t"]
+                    if rec["phase"] == "end":
+                        ended.add(rec["i"])
+            for sf in list(pending):
+                due = (sf.at_iter is not None and sf.at_iter - 1 in ended) or \
+                      (sf.at_t is not None and self.started_at is not None and time.time() >= self.started_at + sf.at_t)
+                if due:
+                    try:
+                        self.apply(sf)
+                    except Exception as e:  # report, keep the run going
+                        self.errors.append(f"{sf.text}: {e}")
+                    pending.remove(sf)
+            self.stop.wait(0.01)
+
+
+def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], None] | None = None) -> dict:
+    """Run it; returns report.json's content. The testbed is always removed."""
+    spec.validate()
+    say = progress or log.info
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+    opts = builder.UpOptions(spray=spec.spray, gap_ms=spec.gap_ms, out_of_service=spec.out_of_service)
+    tb = builder.up(spec.prefix, spec.fabric, opts, progress=say)
+    stop = threading.Event()
+    agents: list[SwitchAgent] = []
+    sink = JsonLinesSink(out / "alerts.jsonl")
+    sched = None
+    t_start = time.time()
+    try:
+        aopts = AgentOptions(cfg=spec.detector, record=out / "pulses")
+        agents = [SwitchAgent(tb, sw, aopts, sinks=[sink]) for sw in tb.fabric.switches]
+        th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
+        th.start()
+        say(f"agents watching {len(agents)} switches")
+        base_before = baselines.snapshot(tb)
+        job_dir = out / "workload"
+        job_dir.mkdir(exist_ok=True)
+        (job_dir / "progress.jsonl").unlink(missing_ok=True)
+        sched = FaultScheduler(tb, spec.faults, job_dir / "progress.jsonl", say)
+        sched.start()
+        job = run_job(tb, spec.job, job_dir, progress=say)
+        sched.stop.set()
+        time.sleep(spec.gap_ms / 1000 * 2 + 0.3)  # let the last pulse close and be judged
+        stop.set()
+        th.join(timeout=5)
+        fault_end = time.time()
+        base_after = baselines.snapshot(tb)
+        fault_ops.clear(tb)
+        agent_cpu = {a.switch: a.busy_s for a in agents}
+    finally:
+        stop.set()
+        if sched:
+            sched.stop.set()
+        for a in agents:
+            a.close()
+        sink.close()
+        builder.down(spec.prefix)
+    events = [json.loads(l) for l in (out / "alerts.jsonl").read_text().splitlines() if l.strip()]
+    pulses = load_pulses(out / "pulses")
+    fault_rows = [{"link": sf.fault.link, "kind": sf.fault.kind, "rate": sf.fault.effective_rate,
+                   "spec": sf.fault.describe(), "start": sched.applied.get(sf.fault.link) if sched else None,
+                   "end": fault_end if sched and sf.fault.link in sched.applied else None}
+                  for sf in spec.faults]
+    applied = [f for f in fault_rows if f["start"] is not None]
+    iterations = [{"index": it["index"], "start": it["start"], "end": it["end"], "duration_s": it["duration_s"],
+                   "retrans_segs": sum(it.get("retrans_segs", [])), "tx_bytes": sum(it["tx_bytes"])}
+                  for it in job.iterations]
+    incs = make_incidents(tb.fabric, events, pulses)
+    alerts = report_alerts(events)
+    base = baselines.evaluate(tb.fabric, base_before, base_after, job, applied)
+    (out / "baselines.json").write_text(json.dumps(base, indent=2))
+    report = {
+        "version": REPORT_VERSION,
+        "spec": spec.to_dict(),
+        "started": t_start,
+        "finished": time.time(),
+        "fabric": {"leaves": tb.fabric.leaves, "spines": tb.fabric.spines, "hosts": tb.fabric.hosts,
+                   "links": [l.name for l in tb.fabric.links()]},
+        "faults": fault_rows,
+        "alerts": alerts,
+        "incidents": [i.to_dict() for i in incs],
+        "iterations": iterations,
+        "workload": {"ok": job.ok, "failure": job.failure, "failed_rank": job.failed_rank, **job.summary},
+        "detection": detection_summary(applied, alerts, iterations, incs),
+        "baselines": base,
+        "agent_busy_s": agent_cpu,
+        "scheduler_errors": sched.errors if sched else [],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
+    return report
+
+
+def report_alerts(events: list[dict]) -> list[dict]:
+    """One entry per alert (its first event), with the link its later updates settled on."""
+    latest: dict[str, dict] = {}
+    for ev in events:
+        if ev["event"] != "resolved":
+            latest[ev["alert_id"]] = ev
+    out = []
+    for ev in events:
+        if ev["event"] != "alert":
+            continue
+        last = latest.get(ev["alert_id"], ev)
+        out.append({"time": ev["time"], "switch": ev["switch"], "port": ev["port"], "ifname": ev["ifname"],
+                    "link": last.get("link"), "first_link": ev.get("link"), "candidates": ev["candidates"],
+                    "kind": ev["kind"], "estimated_rate": last["estimated_rate"], "score": ev["score"],
+                    "pulse": ev["pulse"], "pulse_start": ev["pulse_start"], "alert_id": ev["alert_id"],
+                    "window": ev["window"], "evidence": ev["evidence"]})
+    return out
+
+
+def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:
+    out: dict[str, list[PulseCounts]] = {}
+    if not directory.is_dir():
+        return out
+    for f in sorted(directory.glob("pulses-*.jsonl")):
+        sw = f.stem[len("pulses-"):]
+        out[sw] = [PulseCounts.from_dict(json.loads(l)) for l in f.read_text().splitlines() if l.strip()]
+    return out
+
+
+def spec_summary(spec: ExperimentSpec) -> dict:
+    return {"fabric": spec.fabric.to_dict(), "job": asdict(spec.job), "faults": [f.text for f in spec.faults]}

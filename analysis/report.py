@@ -1,0 +1,150 @@
+"""Tables and PNG plots of a run directory (matplotlib, no display needed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from analysis.experiment import load_pulses  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
+
+
+def load_report(run: Path) -> dict:
+    path = Path(run) / "report.json"
+    if not path.exists():
+        from flowpulse.errors import SpecError
+
+        raise SpecError(f"{run} is not a run directory (no report.json): run `flowpulse experiment --out DIR` first")
+    return json.loads(path.read_text())
+
+
+def focus_switch(report: dict) -> str:
+    """The switch worth plotting: the first alert's, else the faulty link's downstream switch."""
+    if report["alerts"]:
+        return report["alerts"][0]["switch"]
+    if report["faults"]:
+        dst = report["faults"][0]["link"].split("->")[1]
+        return dst if not dst.startswith("h") else report["faults"][0]["link"].split("->")[0]
+    return report["fabric"]["leaves"][0]
+
+
+def plot_ports(run: Path, report: dict, switch: str) -> Path:
+    pulses = [p for p in load_pulses(Path(run) / "pulses").get(switch, []) if p.total > 200]
+    fabric = Fabric(FabricSpec.from_dict(report["spec"]["fabric"]))
+    t0 = report["started"]
+    fig, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    xs = [p.end_time - t0 for p in pulses]
+    for port in fabric.ports[switch]:
+        ys = [float(p.ip[port.index, 0].sum()) for p in pulses]
+        if any(ys):
+            axes[0].plot(xs, ys, marker=".", lw=1, label=f"port {port.index} ({port.ifname}) in")
+        sc = [float(p.meta.get("scores", {}).get(str(port.index), 0.0)) for p in pulses] if pulses else []
+        if any(sc):
+            axes[1].plot(xs, sc, marker=".", lw=1, label=f"port {port.index} ({port.ifname})")
+    z = next((a["evidence"].get("z_threshold") for a in report["alerts"] if a["switch"] == switch), None)
+    if z:
+        axes[1].axhline(z, color="k", ls=":", label=f"alert threshold z*={z:.1f}")
+    for f in report["faults"]:
+        if f.get("start"):
+            for ax in axes:
+                ax.axvline(f["start"] - t0, color="r", ls="--")
+            axes[0].annotate(f"fault on: {f['spec']}", (f["start"] - t0, axes[0].get_ylim()[1]), color="r",
+                             fontsize=8, va="top")
+    for a in report["alerts"]:
+        if a["switch"] == switch:
+            axes[1].axvline(a["time"] - t0, color="orange", lw=2, alpha=0.6)
+    axes[0].set_ylabel("IPv4 packets per pulse")
+    axes[0].set_title(f"{switch}: ingress packets per pulse (one pulse = one iteration)")
+    axes[0].legend(fontsize=7, ncol=2)
+    axes[1].set_ylabel("deficit z-score (best window)")
+    axes[1].set_xlabel("seconds since start")
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    out = Path(run) / f"ports-{switch}.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def plot_fabric(run: Path, report: dict) -> Path:
+    fabric = Fabric(FabricSpec.from_dict(report["spec"]["fabric"]))
+    L, S = fabric.spec.leaves, fabric.spec.spines
+    pos = {}
+    for i, s in enumerate(fabric.spines):
+        pos[s] = ((i + 0.5) * L / S, 2.0)
+    for i, l in enumerate(fabric.leaves):
+        pos[l] = (i + 0.5, 1.0)
+    hp = fabric.spec.hosts_per_leaf
+    for i, h in enumerate(fabric.hosts):
+        pos[h] = ((i // hp) + (i % hp + 0.5) / hp, 0.2)
+    fault_links = {f["link"] for f in report["faults"]}
+    flagged = {i["link"] for i in report.get("incidents", []) if i.get("link")}
+    suspects = {c for a in report["alerts"] for c in a["candidates"]} - flagged
+    fig, ax = plt.subplots(figsize=(max(6, L * 1.6), 4.5))
+    for link in fabric.links():
+        if link.src > link.dst and not link.src.startswith("h"):
+            continue  # draw each cable once; colour by either direction
+        names = {link.name, link.reverse.name}
+        color, lw = "0.75", 1
+        if names & suspects:
+            color, lw = "orange", 2.5
+        if names & flagged:
+            color, lw = "red", 3.5
+        (x1, y1), (x2, y2) = pos[link.src], pos[link.dst]
+        ax.plot([x1, x2], [y1, y2], color=color, lw=lw, zorder=1, ls="--" if names & fault_links and not names & flagged else "-")
+    for n, (x, y) in pos.items():
+        ax.scatter([x], [y], s=500 if not n.startswith("h") else 150, zorder=2,
+                   color="#4878cf" if n.startswith("spine") else "#6acc65" if n.startswith("leaf") else "0.6")
+        ax.annotate(n, (x, y), ha="center", va="center", fontsize=7, zorder=3)
+    ax.set_axis_off()
+    truth = ", ".join(sorted(fault_links)) or "none"
+    named = ", ".join(sorted(flagged)) or "none"
+    ax.set_title(f"injected: {truth}   |   FlowPulse localized: {named}\n(red: localized link, orange: other candidates, dashed: injected)",
+                 fontsize=9)
+    out = Path(run) / "fabric.png"
+    fig.savefig(out, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def make_plots(run: Path) -> list[Path]:
+    report = load_report(run)
+    sw = focus_switch(report)
+    return [plot_ports(run, report, sw), plot_fabric(run, report)]
+
+
+def text_summary(report: dict) -> str:
+    det = report["detection"]
+    lines = []
+    w = report["workload"]
+    lines.append(f"workload: {'completed' if w.get('ok') else 'FAILED: ' + str(w.get('failure'))}, "
+                 f"{w.get('completed_iterations', 0)} iterations, median {1e3 * (w.get('iteration_s_median') or 0):.0f} ms")
+    for f in report["faults"]:
+        lines.append(f"fault: {f['spec']} (on at {f['start'] - report['started']:.1f} s)" if f.get("start")
+                     else f"fault: {f['spec']} (never switched on)")
+    for a in report["alerts"]:
+        lines.append(f"alert: {a['switch']} port {a['port']} ({a['ifname']}) {a['kind']} "
+                     f"~{a['estimated_rate']:.2%} z={a['score']:.1f} at {a['time'] - report['started']:.1f} s; "
+                     f"link {a['link'] or 'one of ' + ' / '.join(a['candidates'])}")
+    for i in report.get("incidents", []):
+        lines.append(f"incident: {i['kind']} on {i['link'] or '?'} ({i['how']})")
+    lines.append(f"detection: {det['true_positives']}/{det['faults']} faults caught, {det['false_positives']} false alerts, "
+                 f"{det['localization_correct']} localized right")
+    for pf in det["per_fault"]:
+        if pf["detected"]:
+            lines.append(f"  {pf['link']}: caught in {pf['iterations_to_detect']} iteration(s), "
+                         f"{pf['seconds_to_detect']:.2f} s after onset; localized to {pf['localized_link']}")
+        else:
+            lines.append(f"  {pf['link']}: missed")
+    b = report.get("baselines", {})
+    if b:
+        ic, hr = b["interface_counters"], b["host_retransmissions"]
+        lines.append(f"baseline interface counters: flagged links {ic['flagged_links'] or 'none'}, "
+                     f"switches with header errors {ic['flagged_switches'] or 'none'}")
+        lines.append(f"baseline host retransmissions: {'alarm on ' + ', '.join(hr.get('alarmed_hosts', [])) if hr['detected'] else 'no alarm'}"
+                     f"; blame: {hr.get('guess') or ('tie among ' + str(len(hr.get('tied_top_links', []))) + ' links' if hr.get('tied_top_links') else 'none')}")
+    return "\n".join(lines)

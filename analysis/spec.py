@@ -1,0 +1,165 @@
+"""Experiment specifications: from YAML or flags, validated before anything is built.
+
+A YAML spec mirrors the flags::
+
+    fabric: {leaves: 4, spines: 4, hosts_per_leaf: 2}
+    spray: rrdst
+    workload: {kind: allreduce, size: 4MiB, iterations: 30, idle_ms: 300}
+    out_of_service: ["leaf0<->spine3"]
+    faults: ["leaf1->spine2:drop=0.01@iter=10", "spine0->leaf3:corrupt=0.015@t=12.5"]
+    detector: {model: analytic, alpha: 1.0e-6}
+    seed: 1
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from agent.detector import DetectorConfig
+from flowpulse.errors import SpecError
+from netns_testbed.faults import FaultSpec, parse_fault
+from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix
+from workload.launcher import JobSpec
+
+
+@dataclass(frozen=True)
+class ScheduledFault:
+    """A fault and when it starts: before iteration ``iter`` or ``t`` seconds after the job starts."""
+
+    fault: FaultSpec
+    at_iter: int | None = None
+    at_t: float | None = None
+    text: str = ""
+
+    def describe(self) -> str:
+        when = f"before iteration {self.at_iter}" if self.at_iter is not None else f"at t={self.at_t:g} s"
+        return f"{self.fault.describe()} {when}"
+
+
+def parse_scheduled(fabric: Fabric, text: str) -> ScheduledFault:
+    """``LINK:KIND[=RATE][,MODS][@iter=K|@t=S]``; no ``@`` means from the first iteration."""
+    body, at, when = (text or "").partition("@")
+    fault = parse_fault(fabric, body)
+    if not at:
+        return ScheduledFault(fault, at_iter=0, text=text)
+    key, _, value = when.partition("=")
+    try:
+        if key == "iter":
+            k = int(value)
+            if k < 0:
+                raise ValueError
+            return ScheduledFault(fault, at_iter=k, text=text)
+        if key == "t":
+            t = float(value)
+            if t < 0:
+                raise ValueError
+            return ScheduledFault(fault, at_t=t, text=text)
+    except ValueError:
+        pass
+    raise SpecError(f"bad fault start {when!r} in {text!r}: write @iter=K (K >= 0) or @t=SECONDS")
+
+
+@dataclass
+class ExperimentSpec:
+    fabric: FabricSpec = field(default_factory=FabricSpec)
+    spray: str = "rrdst"
+    gap_ms: float = 50.0
+    job: JobSpec = field(default_factory=JobSpec)
+    out_of_service: list[str] = field(default_factory=list)
+    faults: list[ScheduledFault] = field(default_factory=list)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    seed: int = 0
+    prefix: str = "fpx"
+
+    def validate(self) -> "ExperimentSpec":
+        """Every check that can be made before building anything."""
+        check_prefix(self.prefix)
+        if self.spray not in SPRAY_MODES:
+            raise SpecError(f"unknown spray mode {self.spray!r}: choose one of {', '.join(SPRAY_MODES)}")
+        fabric = Fabric(self.fabric)
+        oos = set()
+        for text in self.out_of_service:
+            for l in fabric.parse_links(text):
+                if "h" in (l.src[0], l.dst[0]):
+                    raise SpecError(f"out-of-service {text!r}: only leaf<->spine links can be routed around")
+                oos.add(l.name)
+        seen: dict[str, str] = {}
+        for sf in self.faults:
+            link = sf.fault.link
+            if link in seen:
+                raise SpecError(f"conflicting faults on {link}: {seen[link]!r} and {sf.text!r}; one fault per link")
+            seen[link] = sf.text
+            if link in oos:
+                raise SpecError(f"fault on {link} which is out of service (it carries no traffic): pick another link")
+            if sf.at_iter is not None and sf.at_iter >= self.job.iterations:
+                raise SpecError(f"fault {sf.text!r} starts at iteration {sf.at_iter} but the job has only "
+                                f"{self.job.iterations} (0..{self.job.iterations - 1})")
+            if sf.at_t is not None and sf.at_t >= self.job.deadline:
+                raise SpecError(f"fault {sf.text!r} starts at t={sf.at_t:g} s, after the job's deadline "
+                                f"({self.job.deadline:.0f} s)")
+        n = self.job.ranks or len(fabric.hosts)
+        if not 2 <= n <= len(fabric.hosts):
+            raise SpecError(f"bad rank count {n}: this fabric has {len(fabric.hosts)} hosts")
+        self.detector = DetectorConfig(**{**asdict(self.detector), "spray": self.spray}).validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return {"fabric": self.fabric.to_dict(), "spray": self.spray, "gap_ms": self.gap_ms,
+                "workload": asdict(self.job), "out_of_service": self.out_of_service,
+                "faults": [f.text for f in self.faults], "detector": asdict(self.detector),
+                "seed": self.seed, "prefix": self.prefix}
+
+
+def parse_size(value) -> int:
+    from flowpulse.cmd_workload import parse_size as ps
+
+    if isinstance(value, int):
+        return value
+    try:
+        return ps(str(value))
+    except Exception:
+        raise SpecError(f"bad size {value!r}: use e.g. 4MiB") from None
+
+
+def load_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(f"spec file {path} not found") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"spec file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"spec file {path} must hold a mapping (fabric:, workload:, faults:, ...)")
+    return data
+
+
+def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
+    known = {"fabric", "spray", "gap_ms", "workload", "out_of_service", "faults", "detector", "seed", "prefix"}
+    unknown = set(data) - known
+    if unknown:
+        raise SpecError(f"unknown spec field(s) {sorted(unknown)}: allowed are {sorted(known)}")
+    fabric = FabricSpec.from_dict(data.get("fabric") or {})
+    w = dict(data.get("workload") or {})
+    wk = {"kind": "workload", "size": "size", "iterations": "iterations", "idle_ms": "idle_ms", "ranks": "ranks",
+          "placement": "placement", "gloo_timeout_s": "gloo_timeout_s", "deadline_s": "deadline_s"}
+    bad = set(w) - set(wk)
+    if bad:
+        raise SpecError(f"unknown workload field(s) {sorted(bad)}: allowed are {sorted(wk)}")
+    job_args = {wk[k]: v for k, v in w.items()}
+    if "size" in job_args:
+        job_args["size"] = parse_size(job_args["size"])
+    try:
+        job = JobSpec(**job_args, seed=int(data.get("seed", 0)))
+        det = DetectorConfig(**(data.get("detector") or {}))
+    except TypeError as e:
+        raise SpecError(f"bad spec: {e}") from None
+    spec = ExperimentSpec(fabric=fabric, spray=data.get("spray", "rrdst"), gap_ms=float(data.get("gap_ms", 50.0)),
+                          job=job, out_of_service=list(data.get("out_of_service") or []), detector=det,
+                          seed=int(data.get("seed", 0)), prefix=data.get("prefix", prefix))
+    fab = Fabric(fabric)
+    if not isinstance(data.get("faults") or [], list):
+        raise SpecError("faults must be a list of 'LINK:KIND[=RATE][@iter=K]' strings")
+    spec.faults = [parse_scheduled(fab, str(t)) for t in data.get("faults") or []]
+    return spec
