@@ -49,4 +49,4 @@ class PulseCounts:
         return cls(switch=d["switch"], pulse=d["pulse"], ip=np.asarray(d["ip"], dtype=np.int64),
                    bad=np.asarray(d["bad"], dtype=np.int64), start_ns=d.get("start_ns", 0), end_ns=d.get("end_ns", 0),
                    start_time=d.get("start_time", 0.0), end_time=d.get("end_time", 0.0), merged=d.get("merged", 1),
-                   meta=d.get("meta", {}))
+                   meta={**d.get("meta", {}), **({"scores": d["scores"]} if "scores" in d else {})})

@@ -9,7 +9,7 @@ the leaf alone cannot tell them apart quickly. This module settles it the way an
 operator's alert pipeline would: with what spine K itself publishes about its
 port from leaf L. If leafL->spineK drops, spine K receives about the leaf's
 deficit D fewer packets from L than in its healthy pulses; if spineK->leafM
-drops, spine K receives slightly *more* (re-sprayed retransmissions). A
+drops, spine K's share from L is intact (re-sprayed retransmissions even add a little). A
 likelihood ratio between the two, on spine K's own per-pulse counts, decides.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, node_kind, node_num
 
 DECIDE_LLR = math.log(100.0)
-MODEL_ERROR = 0.25
+MODEL_ERROR = 0.2
 
 
 @dataclass
@@ -94,9 +94,8 @@ def spine_test(fabric: Fabric, spine_pulses: list[PulseCounts], leaf_alert: dict
     # spine noise, plus model error: retransmissions and ACK shifts move the spine's
     # shares by a fraction of the leaf's deficit (MODEL_ERROR of it, one sd)
     var = float(np.sum((s_sd * totals) ** 2)) + (MODEL_ERROR * d_leaf) ** 2 + 1.0
-    w_share = 1.0 / max(fabric.spec.spines, 1)
     mean_a = d_leaf                               # leaf L -> spine K drops: spine K misses them too
-    mean_b = -d_leaf * w_share / (1 - w_share)    # spine K -> leaf M drops: spine K gets re-sprays
+    mean_b = 0.0                                  # spine K -> leaf M drops: spine K's share is intact
     llr = ((deficit - mean_b) ** 2 - (deficit - mean_a) ** 2) / (2 * var)
     ev = {"spine_deficit": round(deficit, 1), "leaf_deficit": round(d_leaf, 1), "spine_sd": round(var ** 0.5, 2),
           "spine_pulses": len(during), "llr_upstream": round(llr, 2)}

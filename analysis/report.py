@@ -38,11 +38,18 @@ def plot_ports(run: Path, report: dict, switch: str) -> Path:
     t0 = report["started"]
     fig, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     xs = [p.end_time - t0 for p in pulses]
+    leaf = switch.startswith("leaf")
+    uplinks = fabric.uplinks(switch) if leaf else []
     for port in fabric.ports[switch]:
-        ys = [float(p.ip[port.index, 0].sum()) for p in pulses]
-        if any(ys):
-            axes[0].plot(xs, ys, marker=".", lw=1, label=f"port {port.index} ({port.ifname}) in")
-        sc = [float(p.meta.get("scores", {}).get(str(port.index), 0.0)) for p in pulses] if pulses else []
+        if leaf and port.index < len(uplinks):
+            # deficit against the mean of the uplinks: what the peer test sees
+            ys = [float(p.ip[:len(uplinks), 0].sum(axis=1).mean() - p.ip[port.index, 0].sum()) for p in pulses]
+        elif leaf:
+            continue
+        else:
+            ys = [float(p.ip[port.index, 0].sum()) for p in pulses]
+        axes[0].plot(xs, ys, marker=".", lw=1, label=f"port {port.index} ({port.ifname}) in")
+        sc = [float(p.meta.get("scores", {}).get(str(port.index), 0.0)) for p in pulses]
         if any(sc):
             axes[1].plot(xs, sc, marker=".", lw=1, label=f"port {port.index} ({port.ifname})")
     z = next((a["evidence"].get("z_threshold") for a in report["alerts"] if a["switch"] == switch), None)
@@ -57,10 +64,12 @@ def plot_ports(run: Path, report: dict, switch: str) -> Path:
     for a in report["alerts"]:
         if a["switch"] == switch:
             axes[1].axvline(a["time"] - t0, color="orange", lw=2, alpha=0.6)
-    axes[0].set_ylabel("IPv4 packets per pulse")
-    axes[0].set_title(f"{switch}: ingress packets per pulse (one pulse = one iteration)")
+    axes[0].set_ylabel("uplink deficit vs peer mean (packets)" if leaf else "IPv4 packets per pulse")
+    axes[0].set_title(f"{switch}: per-pulse ingress {'deficit of each uplink' if leaf else 'packets per port'}"
+                      " (one pulse = one iteration)")
     axes[0].legend(fontsize=7, ncol=2)
     axes[1].set_ylabel("deficit z-score (best window)")
+    axes[1].set_yscale("symlog", linthresh=10)
     axes[1].set_xlabel("seconds since start")
     axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
