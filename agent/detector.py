@@ -36,10 +36,21 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import chi2, norm
 
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, Link, node_kind, node_num
+
+
+def pulses_needed(deficit: float, var: float, z_star: float, z_power: float = 1.2816) -> int:
+    """Pulses of evidence a deficit needs to be caught with 90% power (default).
+
+    With a per-pulse deficit ``deficit`` (packets, ~ p w (1-w) N for loss rate p)
+    and null variance ``var`` per pulse, k pulses give z = k d / sqrt(k V), so
+    ``k >= (z* + z_power)^2 V / d^2``. The multi-window test looks at windows that
+    are powers of two, so detection comes at the first window >= k.
+    """
+    return max(1, math.ceil((z_star + z_power) ** 2 * var / (deficit * deficit)))
 
 
 @dataclass
@@ -54,7 +65,8 @@ class DetectorConfig:
     min_pulse_pkts: int = 200      # smaller pulses are background noise (pings, ARP): ignored
     min_cell_pkts: int = 20        # a source must have sent this many packets for its test
     min_var: float = 1.0           # floor of the null variance, packets^2
-    var_inflation: float = 1.5     # learned (pooled) variances are multiplied by this: estimation margin
+    var_inflation: float = 1.0     # extra factor on learned variances (on top of their 99% upper bound)
+    var_confidence: float = 0.01   # learned variance = its (1 - this) upper confidence bound (chi-square)
     min_rate: float = 0.001        # ignore deficits below this loss rate (model error, not faults)
     clear_after: int = 8           # pulses without evidence before an alert is resolved
     spine_tests: bool = True
@@ -148,6 +160,8 @@ class SwitchDetector:
         self.active: dict[str, dict] = {}      # alert_id -> state
         self.last_scores: dict[tuple, float] = {}
         self.nports = len(fabric.ports[switch])
+        self.significant = False               # any cell significant in the last pulse (FA accounting)
+        self.groups: dict[int, list[float]] = {}  # source -> [sum r^2 / n, samples, dof] of healthy pulses
 
     # -- configuration changes the operator accepts -------------------------
     def accept(self, out_of_service: list[Link] | None = None, degraded: list[Link] | None = None) -> None:
@@ -171,6 +185,7 @@ class SwitchDetector:
     # -- the per-pulse step ------------------------------------------------------
     def observe(self, pc: PulseCounts) -> list[Alert]:
         self.pulses_seen += 1
+        self.significant = False
         if pc.nports != self.nports:
             raise ValueError(f"{self.switch}: pulse has {pc.nports} ports, the fabric model {self.nports}")
         if pc.total < self.cfg.min_pulse_pkts:
@@ -190,6 +205,8 @@ class SwitchDetector:
                     self._learn_ready()
                 continue
             r, v, e = self._residual(cell, obs, exp_, var, extra)
+            if kind == "peer":
+                self._refine(cell, r, extra["n"])
             for dq, x in ((cell.r, r), (cell.v, v), (cell.e, e), (cell.o, obs), (cell.scale, scale),
                           (cell.t0, pc.start_time)):
                 dq.append(x)
@@ -202,6 +219,7 @@ class SwitchDetector:
                 prev = touched.get(aid)
                 if prev is None or hit[0] > prev[1][0]:
                     touched[aid] = (cell, hit)
+        self.significant = bool(touched)
         events += self._alerts(pc, touched)
         return events
 
@@ -281,10 +299,14 @@ class SwitchDetector:
                 share = obs.sum() / max(ns.sum(), 1.0) if cfg.model == "learned" else w_model
                 resid = share * ns - obs
                 stats.append((cell, share, resid, ns))
-            ss = sum(float(np.sum(r ** 2)) for _, _, r, _ in stats)
-            dof = sum(len(r) for _, _, r, _ in stats) - (len(stats) if cfg.model == "learned" else 0)
+            ssn = sum(float(np.sum(r ** 2 / np.maximum(ns, 1.0))) for _, _, r, ns in stats)
+            # k ports whose residuals sum to zero carry k-1 degrees of freedom per pulse
+            k = len(stats)
+            samples = sum(len(r) for _, _, r, _ in stats)
+            dof = samples * (k - 1) / k - (k if cfg.model == "learned" else 0)
             n_mean = float(np.mean([ns.mean() for _, _, _, ns in stats]))
-            vpp = ss / max(dof, 1) / max(n_mean, 1.0)
+            self.groups[src] = [ssn, float(samples), max(dof, 1.0)]
+            vpp = ssn / samples
             for cell, share, resid, ns in stats:
                 # learned shares carry estimation error that adds coherently over a window
                 share_var = vpp * n_mean / max(float(ns.sum()), 1.0) / max(n_mean, 1.0) if cfg.model == "learned" else 0.0
@@ -298,7 +320,7 @@ class SwitchDetector:
             w = cell.learned["share"] if cfg.model == "learned" else w_model
             e = w * n
             v_multi = n * w * (1 - w)
-            v_learn = cell.learned["var_per_pkt"] * n * cfg.var_inflation
+            v_learn = self._var_per_pkt(cell.src) * n * cfg.var_inflation
             v = v_multi if cfg.spray == "random" else max(cfg.min_var, v_learn)
             if cfg.spray == "random":
                 v = max(v, v_learn)
@@ -311,6 +333,23 @@ class SwitchDetector:
             return mu - obs, sd * sd, mu
         # corruption: r = damaged frames, e = good frames on the port
         return obs, 1.0, extra
+
+    def _var_per_pkt(self, src: int) -> float:
+        """Upper (1 - var_confidence) bound of the pooled residual variance per packet of a source group."""
+        ssn, samples, dof = self.groups.get(src, (0.0, 1.0, 1.0))
+        return (ssn / samples) * dof / float(chi2.ppf(self.cfg.var_confidence, dof))
+
+    def _refine(self, cell: Cell, r: float, n: float) -> None:
+        """Keep learning the noise from healthy pulses (|z| < 3, no alert on this switch)."""
+        if self.active or cell.kind != "peer" or cell.src not in self.groups:
+            return
+        v = max(self.cfg.min_var, self._var_per_pkt(cell.src) * n)
+        if r * r < 9 * v:
+            g = self.groups[cell.src]
+            k = sum(1 for c in self.cells.values() if c.kind == "peer" and c.src == cell.src)
+            g[0] += r * r / max(n, 1.0)
+            g[1] += 1.0
+            g[2] += (k - 1) / max(k, 1)
 
     def _window_var(self, cell: Cell, w: int) -> float:
         """Null variance of the deficit summed over the last ``w`` pulses.
