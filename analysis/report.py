@@ -157,3 +157,11 @@ def text_summary(report: dict) -> str:
         lines.append(f"baseline host retransmissions: {'alarm on ' + ', '.join(hr.get('alarmed_hosts', [])) if hr['detected'] else 'no alarm'}"
                      f"; blame: {hr.get('guess') or ('tie among ' + str(len(hr.get('tied_top_links', []))) + ' links' if hr.get('tied_top_links') else 'none')}")
     return "\n".join(lines)
+
+
+def validate_report(report: dict) -> None:
+    """Check report.json against its published schema (analysis/report.schema.json)."""
+    import jsonschema
+
+    schema = json.loads((Path(__file__).with_name("report.schema.json")).read_text())
+    jsonschema.validate(report, schema)

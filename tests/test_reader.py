@@ -1,0 +1,86 @@
+"""The pulse reader's bookkeeping, with a stand-in for the pinned maps (no root)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from agent.reader import PulseReader
+
+
+class FakeMaps:
+    def __init__(self) -> None:
+        self.c = np.zeros((6, 2, 6, 5, 2), np.int64)
+        self.pid = 0
+        self.last = 0
+        self.race = False
+
+    def pulse_state(self):
+        return self.pid, self.last, self.last - 1000
+
+    def counters(self):
+        out = self.c.copy()
+        if self.race:  # a packet is counted while we copy
+            self.race = False
+            self.c[0, 0, 1, 0, 0] += 1
+            self.last += 1
+        return out
+
+    def close(self):
+        pass
+
+
+def reader_with(maps: FakeMaps) -> PulseReader:
+    r = PulseReader.__new__(PulseReader)
+    r.switch, r.gap_ns, r.maps, r.snap, r.snap_pid, r.resyncs, r.reads = "leaf0", int(50e6), maps, None, 0, 0, 0
+    r._pin_identity = lambda: 1
+    r._pin_ino = 1
+    return r
+
+
+def traffic(m: FakeMaps, pkts: int, idle: bool = True) -> None:
+    m.c[0, 0, 1, 0, 0] += pkts
+    m.c[0, 0, 1, 0, 1] += pkts * 1500
+    m.pid += 1
+    m.last = time.monotonic_ns() - (int(100e6) if idle else 0)
+
+
+def test_pulses_are_differences_of_idle_copies():
+    m = FakeMaps()
+    r = reader_with(m)
+    traffic(m, 10)
+    assert r.poll() is None            # first copy: the baseline, never a pulse
+    traffic(m, 500)
+    pc = r.poll()
+    assert pc is not None and pc.ip[0, 0, 1] == 500 and pc.merged == 1
+    assert r.poll() is None            # nothing new
+    traffic(m, 100)
+    traffic(m, 200)                    # two kernel pulses before the reader looked
+    pc = r.poll()
+    assert pc.ip[0, 0, 1] == 300 and pc.merged == 2
+
+
+def test_mid_pulse_and_racing_copies_wait():
+    m = FakeMaps()
+    r = reader_with(m)
+    traffic(m, 1)
+    r.poll()
+    traffic(m, 50, idle=False)         # still inside the pulse (last packet just now)
+    assert r.poll() is None
+    m.last = time.monotonic_ns() - int(100e6)
+    m.race = True                      # a packet lands during the copy
+    assert r.poll() is None
+    m.last = time.monotonic_ns() - int(100e6)
+    assert r.poll().ip[0, 0, 1] == 51
+
+
+def test_counter_reset_resynchronises_without_a_pulse():
+    m = FakeMaps()
+    r = reader_with(m)
+    traffic(m, 1000)
+    r.poll()
+    m.c[:] = 0                         # program reloaded: counters start again
+    traffic(m, 7)
+    assert r.poll() is None and r.resyncs == 1
+    traffic(m, 40)
+    assert r.poll().ip[0, 0, 1] == 40
