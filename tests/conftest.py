@@ -1,5 +1,6 @@
-"""Shared fixtures. Root tests build real testbeds with the prefix ``tfp<pid><n>``;
-leftovers of killed earlier runs (any ``tfp*`` testbed) are removed at session start."""
+"""Shared fixtures. Root tests build real testbeds with the prefix ``tf<pid%1000><n>``
+(8 characters, unique within a run); leftovers of killed earlier runs (any ``tf*``
+testbed) are removed at session start and end."""
 from __future__ import annotations
 
 import itertools
@@ -23,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 def _test_prefixes() -> list[str]:
     from netns_testbed.builder import list_testbeds
 
-    return [p for p in list_testbeds() if p.startswith("tfp")]
+    return [p for p in list_testbeds() if p.startswith("tf")]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,7 +43,9 @@ def _clean_leftovers():
 
 
 def new_prefix() -> str:
-    return f"tfp{os.getpid() % 10000}{next(_counter)}"[:8]
+    n = next(_counter)
+    assert n < 1000, "test prefix space exhausted"
+    return f"tf{os.getpid() % 1000:03d}{n:03d}"
 
 
 @pytest.fixture

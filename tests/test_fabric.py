@@ -98,6 +98,19 @@ def test_spray_shares(default_testbed, mode):
         assert got.max() - got.min() <= 2 * ncpu + 4, got
 
 
+def stable_snapshot(tb: Testbed):
+    """Our counters and the kernel's, read with nothing arriving in between (background ARP
+    can land between the two reads: then read again)."""
+    for _ in range(20):
+        ours = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
+        kern = {sw: interface_stats(tb.ns(sw)) for sw in tb.fabric.switches}
+        again = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
+        if again == ours:
+            return ours, kern
+        time.sleep(0.05)
+    raise AssertionError("fabric never quiet enough to compare counters")
+
+
 def test_counters_equal_kernel_statistics(default_testbed):
     """Crafted frames (scapy) of every kind: switch counters == kernel interface stats, per kind right."""
     tb = default_testbed
@@ -113,12 +126,10 @@ def test_counters_equal_kernel_statistics(default_testbed):
                                                                   psrc=src, hwsrc=h0_mac))] * 3
     )
     settle(0.2)
-    before = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
-    kb = {sw: interface_stats(tb.ns(sw)) for sw in tb.fabric.switches}
+    before, kb = stable_snapshot(tb)
     raw_send(tb, "h0", frames)
     settle(0.5)
-    after = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
-    ka = {sw: interface_stats(tb.ns(sw)) for sw in tb.fabric.switches}
+    after, ka = stable_snapshot(tb)
     checked = 0
     for sw in tb.fabric.switches:
         for p in tb.fabric.ports[sw]:
