@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -40,6 +41,11 @@ from scipy.stats import chi2, norm
 
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, Link, node_kind, node_num
+
+
+@lru_cache(maxsize=4096)
+def _chi2_lower(q: float, dof: float) -> float:
+    return float(chi2.ppf(q, dof))
 
 
 def pulses_needed(deficit: float, var: float, z_star: float, z_power: float = 1.2816) -> int:
@@ -172,15 +178,26 @@ class SwitchDetector:
             self.degraded = {l.name for l in degraded}
         self.reset()
 
+    def _shares(self, s_leaf: str) -> dict[str, float]:
+        """Expected spray shares of traffic from ``s_leaf`` to this leaf (cached per known state)."""
+        cache = self.__dict__.setdefault("_share_cache", {})
+        if s_leaf not in cache:
+            cache[s_leaf] = self.fabric.spray_shares(s_leaf, self.switch, self.weights, self.oos)
+        return cache[s_leaf]
+
     def reset(self) -> None:
+        self.__dict__.pop("_share_cache", None)
         self.cells.clear()
         self.pulses_used = 0
         self.active.clear()
 
     # -- thresholds -----------------------------------------------------------
     def z_star(self) -> float:
+        """Bonferroni threshold over this switch's cells and windows (cached: quantiles are slow)."""
         ncells = max(1, len(self.cells))
-        return float(norm.isf(self.cfg.alpha / (ncells * len(self.windows))))
+        if getattr(self, "_z_cache", (None, 0.0))[0] != ncells:
+            self._z_cache = (ncells, float(norm.isf(self.cfg.alpha / (ncells * len(self.windows)))))
+        return self._z_cache[1]
 
     # -- the per-pulse step ------------------------------------------------------
     def observe(self, pc: PulseCounts) -> list[Alert]:
@@ -194,6 +211,7 @@ class SwitchDetector:
         samples = self._samples(pc)
         events: list[Alert] = []
         touched: dict[str, tuple] = {}
+        ready = False
         for key, (port, direction, src, kind, obs, exp_, var, scale, extra) in samples.items():
             cell = self.cells.get(key)
             if cell is None:
@@ -201,8 +219,7 @@ class SwitchDetector:
             if not cell.learned:
                 # warm-up (or a cell that appeared later): learn from its first pulses
                 cell.warm.append((obs, exp_, var, extra))
-                if len(cell.warm) >= self.cfg.warmup:
-                    self._learn_ready()
+                ready = ready or len(cell.warm) >= self.cfg.warmup
                 continue
             r, v, e = self._residual(cell, obs, exp_, var, extra)
             if kind == "peer":
@@ -219,6 +236,8 @@ class SwitchDetector:
                 prev = touched.get(aid)
                 if prev is None or hit[0] > prev[1][0]:
                     touched[aid] = (cell, hit)
+        if ready:
+            self._learn_ready()
         self.significant = bool(touched)
         events += self._alerts(pc, touched)
         return events
@@ -240,7 +259,9 @@ class SwitchDetector:
                 if s_leaf == me:
                     continue
                 src = node_num(s_leaf) + 1
-                shares = self.fabric.spray_shares(s_leaf, me, self.weights, self.oos)
+                if ip[:S, 0, src].sum() < cfg.min_cell_pkts:
+                    continue
+                shares = self._shares(s_leaf)
                 group = [k for k in range(S) if f"spine{k}" in shares
                          and f"spine{k}->{me}" not in self.degraded and f"{s_leaf}->spine{k}" not in self.degraded]
                 if len(group) < 2:
@@ -256,9 +277,11 @@ class SwitchDetector:
                                              {"w": w, "n": n})
         elif cfg.spine_tests:
             for p in range(self.nports):
-                for src in range(ip.shape[2]):
-                    obs = float(ip[p, 0, src])
-                    out[("base", p, src)] = (p, "in", src, "baseline", obs, None, None, None, None)
+                for src in np.flatnonzero(ip[p, 0] >= cfg.min_cell_pkts).tolist():
+                    out[("base", p, src)] = (p, "in", src, "baseline", float(ip[p, 0, src]), None, None, None, None)
+            for key in self.cells:  # a port that fell silent is the strongest evidence of all
+                if key[0] == "base" and key not in out:
+                    out[key] = (key[1], "in", key[2], "baseline", float(ip[key[1], 0, key[2]]), None, None, None, None)
             # common scale: median over ports of observed / baseline (workload size changes)
             ratios = []
             for key, sample in out.items():
@@ -337,7 +360,7 @@ class SwitchDetector:
     def _var_per_pkt(self, src: int) -> float:
         """Upper (1 - var_confidence) bound of the pooled residual variance per packet of a source group."""
         ssn, samples, dof = self.groups.get(src, (0.0, 1.0, 1.0))
-        return (ssn / samples) * dof / float(chi2.ppf(self.cfg.var_confidence, dof))
+        return (ssn / samples) * dof / _chi2_lower(self.cfg.var_confidence, round(dof, 1))
 
     def _refine(self, cell: Cell, r: float, n: float) -> None:
         """Keep learning the noise from healthy pulses (|z| < 3, no alert on this switch)."""
@@ -379,7 +402,7 @@ class SwitchDetector:
     def _test(self, cell: Cell) -> tuple[float, int, float, float, float] | None:
         """Best significant window: (z, window, rate, rate_sd, deficit) or None."""
         cfg = self.cfg
-        r, v, e, sc = list(cell.r), list(cell.v), list(cell.e), list(cell.scale)
+        r, e, sc = list(cell.r), list(cell.e), list(cell.scale)
         if cell.kind == "corruption":
             for w in self.windows:
                 if w > len(r):

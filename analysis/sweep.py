@@ -10,9 +10,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+import logging
+
 from analysis.experiment import run_experiment
 from analysis.spec import ExperimentSpec, parse_scheduled
 from netns_testbed.topo import Fabric
+
+
+log = logging.getLogger("flowpulse.sweep")
 
 
 @dataclass
@@ -44,7 +49,7 @@ def run_sweep(sw: SweepSpec, out: Path, tick: Callable[[int, int, dict], None] |
         spec = replace(sw.base, seed=seed, faults=[parse_scheduled(fabric, f"{link}:{kind}={rate:g}@iter={sw.fault_at}")])
         spec.job = replace(sw.base.job, seed=seed)
         try:
-            rep = run_experiment(spec.validate(), run_dir)
+            rep = run_experiment(spec.validate(), run_dir, progress=log.debug)
             row = summarize_run(rep, kind, rate, link, seed)
         except Exception as e:  # one failed point must not lose the sweep
             row = {"kind": kind, "rate": rate, "link": link, "seed": seed, "error": f"{type(e).__name__}: {e}"}

@@ -5,7 +5,6 @@ import argparse
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 from flowpulse.cli import Formatter, add_common

@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from flowpulse.cli import Formatter, add_common, emit, table
+from flowpulse.cli import Formatter, emit, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -224,7 +224,7 @@ class Fabric:
 
     # -- ports -------------------------------------------------------------
     def _make_ports(self) -> dict[str, list[Port]]:
-        s, h = self.spec.spines, self.spec.hosts_per_leaf
+        s = self.spec.spines
         ports: dict[str, list[Port]] = {n: [] for n in self.nodes}
         for li, leaf in enumerate(self.leaves):
             for k, spine in enumerate(self.spines):

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, run_agents
+from agent.daemon import AgentOptions, SwitchAgent, run_agents
 from agent.detector import DetectorConfig
 from analysis.experiment import run_experiment
 from analysis.report import validate_report

@@ -66,7 +66,7 @@ def test_loss_caught_within_the_formula(spray, size, rate):
     # null variance per pulse: multinomial for random; rr/rrdst: the learned one (checked below)
     events, _, dets = run(spec, onset + 300, onset, cfg, switches=["leaf2"])
     det = dets["leaf2"]
-    cell = det.cells[("peer", 1, 2)]
+    assert ("peer", 1, 2) in det.cells      # leaf1's traffic on uplink 1 is under test
     var = n * w * (1 - w) if spray == "random" else max(cfg.min_var, det._var_per_pkt(2) * n * cfg.var_inflation)
     k = pulses_needed(deficit, var, det.z_star())
     window = 1 << math.ceil(math.log2(k))          # the first power-of-two window that holds k pulses

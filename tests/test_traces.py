@@ -1,7 +1,6 @@
 """Replay of the recorded 4x4 pulse traces (shared/data/pulse-traces) through the agent's detector."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest

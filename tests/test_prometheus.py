@@ -1,0 +1,95 @@
+"""Prometheus integration: alert rules (promtool), dashboard, and a real server scraping agents."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+
+
+def test_rules_check_and_unit_tests():
+    assert PROMTOOL, "promtool missing: scripts/setup.sh installs Debian's prometheus package"
+    r = subprocess.run([PROMTOOL, "check", "rules", str(DEPLOY / "prometheus" / "flowpulse.rules.yml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([PROMTOOL, "test", "rules", "flowpulse.rules.test.yml"], cwd=DEPLOY / "prometheus",
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_dashboard_uses_exported_metrics():
+    from agent.metrics import AgentCollector
+
+    exported = {m.name for m in AgentCollector([]).collect()}
+    exported |= {n + "_total" for n in exported}
+    exported |= {"flowpulse:link_suspected:max", "flowpulse:link_estimated_rate:max"}
+    dash = json.loads((DEPLOY / "grafana" / "flowpulse.json").read_text())
+    used = set()
+    for panel in dash["panels"]:
+        for t in panel["targets"]:
+            used |= set(re.findall(r"flowpulse[:_][a-z_:]+", t["expr"]))
+    assert used and used <= exported, used - exported
+
+
+@pytest.mark.root
+def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
+    from agent.daemon import AgentOptions, SwitchAgent, run_agents
+    from agent.detector import DetectorConfig
+    from agent.metrics import serve
+    from netns_testbed import faults
+    from workload.launcher import JobSpec, run_job
+
+    assert PROMETHEUS, "prometheus missing: scripts/setup.sh installs Debian's prometheus package"
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=2)
+    agents = [SwitchAgent(tb, sw, AgentOptions(cfg=DetectorConfig(warmup=6))) for sw in tb.fabric.switches]
+    base = 19500 + (hash(tb.prefix) % 200) * 2
+    ports = []
+    for i, a in enumerate(agents):  # one endpoint per switch, as separate agents would have
+        serve([a], base + 10 + i)
+        ports.append(base + 10 + i)
+    rules = tmp_path / "flowpulse.rules.yml"
+    shutil.copy(DEPLOY / "prometheus" / "flowpulse.rules.yml", rules)
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{rules}']\n"
+        "scrape_configs:\n  - job_name: flowpulse\n    static_configs:\n"
+        f"      - targets: {json.dumps([f'127.0.0.1:{p}' for p in ports])}\n")
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{base}"],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
+    stop = threading.Event()
+    th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
+    th.start()
+    try:
+        def fire():
+            time.sleep(14)
+            faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05"))
+        threading.Thread(target=fire, daemon=True).start()
+        res = run_job(tb, JobSpec(size=1 << 20, iterations=45, idle_ms=150), tmp_path / "job")
+        assert res.ok, res.failure
+        firing = []
+        deadline = time.time() + 20
+        while time.time() < deadline and not firing:
+            body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{base}/api/v1/alerts", timeout=5).read())
+            firing = [a for a in body["data"]["alerts"]
+                      if a["labels"]["alertname"] == "FlowPulseSilentLinkFault" and a["state"] == "firing"]
+            time.sleep(1)
+        assert firing, (tmp_path / "prometheus.log").read_text()[-2000:]
+        assert any("leaf0->spine1" in a["labels"]["link"] for a in firing), firing
+    finally:
+        stop.set()
+        prom.terminate()
+        prom.wait(timeout=10)
+        th.join(timeout=5)
+        for a in agents:
+            a.close()
