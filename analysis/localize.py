@@ -65,12 +65,14 @@ def _groups(alerts: list[dict]) -> list[list[dict]]:
 
 
 def spine_test(fabric: Fabric, spine_pulses: list[PulseCounts], leaf_alert: dict,
-               min_total: int = 500) -> tuple[str | None, dict]:
+               leaf_pulses: list[PulseCounts] | None = None, min_total: int = 500) -> tuple[str | None, dict]:
     """Decide between the two candidates of a leaf alert with spine K's own pulses.
 
     Uses the share of spine K's ingress that arrives from leaf L: immune to
     pulses that split (an RTO stall inside an iteration) and to workload size.
-    Pulses are aligned by time with the leaf alert's evidence window.
+    Pulses are aligned by time with the leaf alert's evidence window; given the
+    leaf's published pulses, the window runs from the alert's onset to the end
+    of the record, and the leaf's deficit is recomputed over that same span.
     """
     src_leaf = leaf_alert["evidence"].get("source")
     if not src_leaf or not spine_pulses:
@@ -79,6 +81,15 @@ def spine_test(fabric: Fabric, spine_pulses: list[PulseCounts], leaf_alert: dict
     src = port + 1
     t_start = leaf_alert["evidence"].get("window_start", leaf_alert.get("pulse_start", leaf_alert["time"]))
     t_end = leaf_alert["time"]
+    d_leaf = float(leaf_alert["evidence"].get("deficit", 0.0))
+    if leaf_pulses:
+        shares = fabric.spray_shares(src_leaf, leaf_alert["switch"])
+        w = shares.get(leaf_alert["ifname"], 0.0)
+        span = [p for p in leaf_pulses if p.start_time >= t_start - 0.05 and p.total >= min_total]
+        if w > 0 and span:
+            ups = fabric.spec.spines
+            d_leaf = float(sum(w * p.ip[:ups, 0, src].sum() - p.ip[leaf_alert["port"], 0, src] for p in span))
+            t_end = max(p.end_time for p in span)
     usable = [p for p in spine_pulses if p.total >= min_total]
     before = [p for p in usable if p.end_time < t_start - 0.05][3:]  # skip connection set-up pulses
     during = [p for p in usable if p.start_time >= t_start - 0.05 and p.end_time <= t_end + 0.05]
@@ -90,7 +101,6 @@ def spine_test(fabric: Fabric, spine_pulses: list[PulseCounts], leaf_alert: dict
     totals = np.array([p.total for p in during], dtype=float)
     observed = float(sum(p.ip[port, 0, src] for p in during))
     deficit = s_mu * totals.sum() - observed
-    d_leaf = float(leaf_alert["evidence"].get("deficit", 0.0))
     # spine noise, plus model error: retransmissions and ACK shifts move the spine's
     # shares by a fraction of the leaf's deficit (MODEL_ERROR of it, one sd)
     var = float(np.sum((s_sd * totals) ** 2)) + (MODEL_ERROR * d_leaf) ** 2 + 1.0
@@ -134,7 +144,8 @@ def incidents(fabric: Fabric, events: list[dict], pulses: dict[str, list[PulseCo
             leaf_alerts = sorted((a for a in group if node_kind(a["switch"]) == "leaf"), key=lambda a: -a["window"])
             for a in leaf_alerts:
                 spine = a["ifname"]
-                decided, evidence = spine_test(fabric, (pulses or {}).get(spine, []), a)
+                decided, evidence = spine_test(fabric, (pulses or {}).get(spine, []), a,
+                                               (pulses or {}).get(a["switch"]))
                 if decided:
                     link, how = decided, f"{spine}'s own counts ({'deficit' if decided.endswith(spine) else 'no deficit'} on its port from {a['evidence'].get('source')})"
                     break

@@ -46,7 +46,8 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
     from agent.daemon import AgentOptions, SwitchAgent, run_agents
     from agent.detector import DetectorConfig
     from agent.metrics import serve
-    from netns_testbed import faults
+    from analysis.experiment import FaultScheduler
+    from analysis.spec import parse_scheduled
     from workload.launcher import JobSpec, run_job
 
     assert PROMETHEUS, "prometheus missing: scripts/setup.sh installs Debian's prometheus package"
@@ -68,15 +69,16 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
                              f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{base}"],
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
     stop = threading.Event()
+    sched = None
     th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
     th.start()
     try:
-        def fire():
-            time.sleep(14)
-            faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05"))
-        threading.Thread(target=fire, daemon=True).start()
+        sched = FaultScheduler(tb, [parse_scheduled(tb.fabric, "leaf0->spine1:drop=0.05@iter=20")],
+                               tmp_path / "job" / "progress.jsonl", lambda m: None)
+        sched.start()
         res = run_job(tb, JobSpec(size=1 << 20, iterations=45, idle_ms=150), tmp_path / "job")
         assert res.ok, res.failure
+        assert sched.applied, "fault never switched on"
         firing = []
         deadline = time.time() + 20
         while time.time() < deadline and not firing:
@@ -88,6 +90,8 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         assert any("leaf0->spine1" in a["labels"]["link"] for a in firing), firing
     finally:
         stop.set()
+        if sched:
+            sched.stop.set()
         prom.terminate()
         prom.wait(timeout=10)
         th.join(timeout=5)
