@@ -331,8 +331,9 @@ class SwitchDetector:
             self.groups[src] = [ssn, float(samples), max(dof, 1.0)]
             vpp = ssn / samples
             for cell, share, resid, ns in stats:
-                # learned shares carry estimation error that adds coherently over a window
-                share_var = vpp * n_mean / max(float(ns.sum()), 1.0) / max(n_mean, 1.0) if cfg.model == "learned" else 0.0
+                # a learned share w = sum(obs) / sum(n) has Var = vpp / sum(n); that error adds
+                # coherently over a window (see _window_var)
+                share_var = vpp / max(float(ns.sum()), 1.0) if cfg.model == "learned" else 0.0
                 cell.learned = {"share": share, "var_per_pkt": vpp, "n_warm": n_mean, "share_var": share_var}
                 cell.warm = []
 

@@ -59,9 +59,16 @@ class FaultScheduler(threading.Thread):
             self.apply(sf)
             pending.remove(sf)
         ended: set[int] = set()
+        offset, partial = 0, ""
         while pending and not self.stop.is_set():
             if self.progress.exists():
-                for line in self.progress.read_text().splitlines():
+                with open(self.progress) as f:  # read only what rank 0 appended since last time
+                    f.seek(offset)
+                    chunk = f.read()
+                    offset = f.tell()
+                lines = (partial + chunk).split("\n")
+                partial = lines.pop()  # an incomplete last line waits for its end
+                for line in lines:
                     try:
                         rec = json.loads(line)
                     except json.JSONDecodeError:

@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse fault add 'leaf0->spine1:partial=0.25'\n"
                "  sudo flowpulse fault add 'h2->leaf1:blackhole,flap=1/3'\n")
     add.add_argument("fault", metavar="FAULT")
+    add.add_argument("--backend", choices=("bpf", "netem"), default="bpf",
+                     help="bpf: the datapath's exact injector (all kinds); netem: kernel netem for plain drops, "
+                          "where the kernel has sch_netem")
     add_common(add)
     add.set_defaults(func=cmd_add)
     clr = fsub.add_parser("clear", help="clear the fault on a link (a->b or a<->b), or all", formatter_class=Formatter)
@@ -39,7 +42,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     require_root()
     tb = Testbed.load(args.prefix)
     spec = faults.parse_fault(tb.fabric, args.fault)
-    replaced = faults.apply(tb, spec)
+    replaced = faults.apply(tb, spec, backend=args.backend)
     emit(args, {"link": spec.link, "fault": spec.describe(), "replaced": replaced},
          lambda d: f"{'changed' if replaced else 'set'} {d['fault']}")
     return 0

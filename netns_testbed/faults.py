@@ -12,20 +12,28 @@ Text form (CLI and experiment specs)::
 
 Faults are applied by the BPF injector in the switch datapath, on the wire
 between the upstream counter and the downstream one (see ``Fabric.fault_site``).
+Where the kernel has ``sch_netem``, plain drops and blackholes can instead use
+netem on the upstream node's port (``backend="netem"``): its root qdisc runs
+after the upstream switch's egress counter, so the semantics are the same. The
+BPF injector stays the default: it is exact, present on every kernel with BPF,
+and does corruption of the header, partial and flapping faults, which netem
+cannot express.
 """
 from __future__ import annotations
 
 import ipaddress
 import math
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from flowpulse.errors import SpecError
+from flowpulse.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed.state import Testbed
-from netns_testbed.topo import Fabric, Link, node_kind
+from netns_testbed.topo import Fabric, node_kind
 
 KINDS = ("drop", "corrupt", "blackhole", "partial")
+BACKENDS = ("bpf", "netem")
 
 
 @dataclass(frozen=True)
@@ -144,18 +152,46 @@ def _struct(fabric: Fabric, spec: FaultSpec) -> dp.Fault:
                            flow_frac=spec.flows, period_s=period, on_s=spec.flap_on_s)
 
 
-def apply(tb: Testbed, spec: FaultSpec) -> bool:
+def _netem_argv(tb: Testbed, link, action: str, rate: float | None = None) -> list[str]:
+    """tc argv for netem on the upstream node's port of ``link`` (no shell)."""
+    port = tb.fabric.port_to(link.src, link.dst)
+    argv = ["tc", "-n", tb.ns(link.src), "qdisc", action, "dev", port.ifname, "root"]
+    if rate is not None:
+        argv += ["netem", "loss", f"{100 * rate:.6f}%"]
+    return argv
+
+
+def _apply_netem(tb: Testbed, link, spec: FaultSpec) -> None:
+    if spec.kind not in ("drop", "blackhole") or spec.src or spec.dst or spec.flows < 1.0 or spec.flap_on_s:
+        raise SpecError(f"netem backend does plain drop/blackhole only, not {spec.describe()!r}: use --backend bpf")
+    r = subprocess.run(_netem_argv(tb, link, "replace", spec.effective_rate), capture_output=True, text=True)
+    if r.returncode != 0:
+        msg = (r.stderr.strip().splitlines() or ["tc failed"])[-1]
+        if "unknown" in msg.lower():
+            raise EnvironmentProblem(f"this kernel has no sch_netem ({msg}): use the default --backend bpf")
+        raise EnvironmentProblem(f"tc netem on {link.name} failed: {msg}")
+
+
+def apply(tb: Testbed, spec: FaultSpec, backend: str = "bpf") -> bool:
     """Set (or change) the fault on its link; returns True if it replaced one."""
+    if backend not in BACKENDS:
+        raise SpecError(f"unknown fault backend {backend!r}: choose bpf or netem")
     link = tb.fabric.parse_link(spec.link)
     site = tb.fabric.fault_site(link)
     with tb.locked():
-        m = tb.maps(site.switch)
-        try:
-            m.set_fault(site.port, site.hook, _struct(tb.fabric, spec))
-        finally:
-            m.close()
+        old = tb.state.faults.get(link.name)
+        if old and old.get("backend", "bpf") != backend:
+            raise SpecError(f"{link.name} has a {old.get('backend', 'bpf')} fault: clear it before using {backend}")
+        if backend == "netem":
+            _apply_netem(tb, link, spec)
+        else:
+            m = tb.maps(site.switch)
+            try:
+                m.set_fault(site.port, site.hook, _struct(tb.fabric, spec))
+            finally:
+                m.close()
         replaced = link.name in tb.state.faults
-        tb.state.faults[link.name] = {**spec.to_dict(), "since": time.time()}
+        tb.state.faults[link.name] = {**spec.to_dict(), "since": time.time(), "backend": backend}
         tb.save()
     return replaced
 
@@ -166,12 +202,16 @@ def clear(tb: Testbed, link_text: str | None = None) -> list[str]:
         links = tb.fabric.parse_links(link_text) if link_text else [tb.fabric.parse_link(n) for n in tb.state.faults]
         cleared = []
         for link in links:
-            site = tb.fabric.fault_site(link)
-            m = tb.maps(site.switch)
-            try:
-                m.clear_fault(site.port, site.hook)
-            finally:
-                m.close()
+            rec = tb.state.faults.get(link.name) or {}
+            if rec.get("backend") == "netem":
+                subprocess.run(_netem_argv(tb, link, "del"), capture_output=True)
+            else:
+                site = tb.fabric.fault_site(link)
+                m = tb.maps(site.switch)
+                try:
+                    m.clear_fault(site.port, site.hook)
+                finally:
+                    m.close()
             if tb.state.faults.pop(link.name, None) is not None:
                 cleared.append(link.name)
         tb.save()
@@ -189,12 +229,11 @@ def listing(tb: Testbed) -> list[dict]:
             st = m.fault_stats(site.port, site.hook)
         finally:
             m.close()
-        spec = FaultSpec(**{k: v for k, v in rec.items() if k != "since"})
+        spec = FaultSpec(**{k: v for k, v in rec.items() if k not in ("since", "backend")})
+        netem = rec.get("backend") == "netem"
         out.append({"link": name, "fault": spec.describe(), "kind": spec.kind, "rate": spec.effective_rate,
-                    "since": rec.get("since"), "at": f"{site.switch} port {site.port} {site.hook}",
-                    "matched": st.matched, "hit": st.hit})
+                    "since": rec.get("since"), "backend": rec.get("backend", "bpf"),
+                    "at": f"netem on {link.src} {tb.fabric.port_to(link.src, link.dst).ifname}" if netem
+                    else f"{site.switch} port {site.port} {site.hook}",
+                    "matched": None if netem else st.matched, "hit": None if netem else st.hit})
     return out
-
-
-def link_of(tb: Testbed, text: str) -> Link:
-    return tb.fabric.parse_link(text)

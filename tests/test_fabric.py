@@ -225,6 +225,41 @@ def test_flapping_fault(default_testbed):
     assert matched > 0 and 0.15 < hit / matched < 0.85  # on about half of the time
 
 
+def test_netem_backend(default_testbed):
+    """netem where the kernel has it (plain drops only); a clear error where it does not."""
+    from flowpulse.errors import EnvironmentProblem, SpecError
+
+    tb = default_testbed
+    with pytest.raises(SpecError, match="plain drop"):
+        faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:corrupt=0.1"), backend="netem")
+    has_netem = subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "add", "dev", "lo", "root", "netem"],
+                               capture_output=True).returncode == 0
+    spec = faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05")
+    if not has_netem:
+        with pytest.raises(EnvironmentProblem, match="no sch_netem"):
+            faults.apply(tb, spec, backend="netem")
+        assert "leaf0->spine1" not in Testbed.load(tb.prefix).state.faults
+        return
+    subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    def spine1_from_leaf0() -> int:
+        m = tb.maps("spine1")
+        try:
+            return int(m.counters()[0, 0, :, :3, 0].sum())
+        finally:
+            m.close()
+
+    faults.apply(tb, spec, backend="netem")
+    try:
+        before, got0 = uplink_pkts(tb, "leaf0"), spine1_from_leaf0()
+        udp_blast(tb, "h0", "h2", 8000, flows=8)
+        settle()
+        sent = (uplink_pkts(tb, "leaf0") - before)[1]
+        got = spine1_from_leaf0() - got0
+    finally:
+        faults.clear(tb, "leaf0->spine1")
+    assert sent > 0 and abs((sent - got) / sent - 0.05) < 0.03
+
+
 def test_out_of_service_uplink_carries_nothing(make_testbed):
     tb = make_testbed(leaves=2, spines=3, hosts_per_leaf=1, out_of_service=["leaf0<->spine1"])
     before0, before1 = uplink_pkts(tb, "leaf0"), uplink_pkts(tb, "leaf1")

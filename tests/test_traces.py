@@ -1,6 +1,7 @@
 """Replay of the recorded 4x4 pulse traces (shared/data/pulse-traces) through the agent's detector."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,9 @@ from agent.detector import DetectorConfig, pulses_needed
 from analysis.replay import replay_dir
 from analysis.traces import load_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pulse-traces"
-if not TRACES.is_dir():  # CI: a copy of shared/ beside the clone
-    TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pulse-traces"
+# shared/ sits beside the checkout (also in CI); FLOWPULSE_TRACES points elsewhere
+TRACES = Path(os.environ.get("FLOWPULSE_TRACES",
+                             Path(__file__).resolve().parents[2] / "shared" / "data" / "pulse-traces"))
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="recorded traces not found beside the checkout")
 
 
