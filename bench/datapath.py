@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Datapath cost and testbed footprint (root).
 
-1. Forwarding through the fabric with the FlowPulse programs attached (spraying
-   rrdst + counting + a rate-0 fault on the path, so every stage runs) versus
-   plain kernel ECMP forwarding (no BPF), two testbeds side by side in one run,
-   measured alternately: TCP goodput (iperf3, 1 and 4 streams) and small-packet
-   UDP rate (64-byte datagrams). Reported as ratios (target >= 0.9).
+1. Forwarding through the fabric, three testbeds side by side in one run,
+   measured alternately: FlowPulse programs attached with spraying (rrdst) +
+   counting + a rate-0 fault on the path (every stage runs); the programs
+   attached with spraying off (kernel ECMP picks the uplink); plain kernel ECMP
+   with no BPF. TCP goodput (iperf3, 1 and 4 streams) and small-packet UDP rate
+   (64-byte datagrams), as ratios to plain ECMP (target >= 0.9). Spraying also
+   costs TCP some goodput through reordering, which the middle row separates.
 2. `up`/`down` wall time and memory (MemAvailable drop, builder peak RSS) for the
    default fabric and larger ones.
 
@@ -52,22 +54,28 @@ def measure(tb, seconds: float) -> dict:
             "udp64_kpps": (udp["packets"] - udp["lost_packets"]) / udp["seconds"] / 1e3}
 
 
+def _used_kib() -> int:
+    """Kernel + user memory in use (MemTotal - MemAvailable), after dropping page cache noise."""
+    info = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/meminfo")}
+    return info["MemTotal"] - info["MemAvailable"]
+
+
 def footprint(shape: str) -> dict:
     l, s, h = (int(x) for x in shape.split("x"))
     prefix = "fpfoot"
     builder.down(prefix)
-    avail = lambda: int(next(x for x in open("/proc/meminfo") if x.startswith("MemAvailable")).split()[1])  # noqa: E731
-    m0 = avail()
+    time.sleep(2)
+    m0 = min(_used_kib() for _ in range(3))
     t0 = time.time()
     builder.up(prefix, FabricSpec(l, s, h))
     t_up = time.time() - t0
-    time.sleep(1)
-    m1 = avail()
+    time.sleep(2)
+    m1 = min(_used_kib() for _ in range(3))
     t0 = time.time()
     builder.down(prefix)
     t_down = time.time() - t0
     return {"shape": shape, "namespaces": l + s + l * h, "up_s": round(t_up, 1), "down_s": round(t_down, 1),
-            "kernel_mem_mib": round((m0 - m1) / 1024, 1),
+            "kernel_mem_mib": round((m1 - m0) / 1024, 1),
             "builder_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
@@ -77,23 +85,36 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--shapes", nargs="+", default=["4x4x2", "8x8x2", "12x12x2"])
     a = p.parse_args()
-    for pre in ("fpbon", "fpboff"):
+    shape = FabricSpec(leaves=2, spines=4, hosts_per_leaf=1)
+    names = {"fpbspray": "spray+count+fault", "fpbcount": "count+fault only", "fpboff": "kernel ECMP, no BPF"}
+    for pre in names:
         builder.down(pre)
-    on = builder.up("fpbon", FabricSpec(leaves=2, spines=4, hosts_per_leaf=1))
-    off = builder.up("fpboff", FabricSpec(leaves=2, spines=4, hosts_per_leaf=1), builder.UpOptions(datapath=False))
+    beds = {"fpbspray": builder.up("fpbspray", shape),
+            "fpbcount": builder.up("fpbcount", shape),
+            "fpboff": builder.up("fpboff", shape, builder.UpOptions(datapath=False))}
     try:
-        faults.apply(on, faults.parse_fault(on.fabric, "leaf0->spine1:drop=0"))
-        res = {"flowpulse": [], "kernel_ecmp": []}
+        for pre in ("fpbspray", "fpbcount"):  # a rate-0 fault on the path: the fault stage runs too
+            faults.apply(beds[pre], faults.parse_fault(beds[pre].fabric, "leaf0->spine1:drop=0"))
+        for leaf in beds["fpbcount"].fabric.leaves:  # programs attached, spraying off: kernel ECMP picks
+            m = beds["fpbcount"].maps(leaf)
+            m.set_config("off", beds["fpbcount"].state.gap_ms)
+            m.close()
+        res: dict[str, list] = {k: [] for k in names}
         for _ in range(a.reps):
-            for name, tb in (("flowpulse", on), ("kernel_ecmp", off)):
-                res[name].append(measure(tb, a.seconds))
+            for pre, tb in beds.items():
+                res[pre].append(measure(tb, a.seconds))
     finally:
-        builder.down("fpbon")
-        builder.down("fpboff")
+        for pre in names:
+            builder.down(pre)
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in res.items()}
-    print(f"{'metric':14} {'FlowPulse':>10} {'kernel ECMP':>12} {'ratio':>6}   (median of {a.reps}, {a.seconds:g} s each)")
-    for m in med["flowpulse"]:
-        print(f"{m:14} {med['flowpulse'][m]:>10.3f} {med['kernel_ecmp'][m]:>12.3f} {med['flowpulse'][m] / med['kernel_ecmp'][m]:>6.2f}")
+    base = med["fpboff"]
+    print(f"median of {a.reps} runs of {a.seconds:g} s, h0 (leaf0) -> h1 (leaf1) over 4 spines; ratio = / kernel ECMP")
+    print(f"{'datapath':22} {'TCP 1 flow Gb/s':>16} {'TCP 4 flows Gb/s':>17} {'UDP 64 B kpps':>14}")
+    for pre, label in names.items():
+        m = med[pre]
+        print(f"{label:22} {m['tcp1_gbps']:>8.2f} ({m['tcp1_gbps'] / base['tcp1_gbps']:.2f}) "
+              f"{m['tcp4_gbps']:>9.2f} ({m['tcp4_gbps'] / base['tcp4_gbps']:.2f}) "
+              f"{m['udp64_kpps']:>7.1f} ({m['udp64_kpps'] / base['udp64_kpps']:.2f})")
     print()
     print(f"{'shape':8} {'namespaces':>10} {'up s':>6} {'down s':>6} {'kernel MiB':>10} {'builder peak MiB':>16}")
     for shape in a.shapes:

@@ -84,3 +84,35 @@ def test_counter_reset_resynchronises_without_a_pulse():
     assert r.poll() is None and r.resyncs == 1
     traffic(m, 40)
     assert r.poll().ip[0, 0, 1] == 40
+
+
+def test_port_added_resynchronises():
+    m = FakeMaps()
+    r = reader_with(m)
+    traffic(m, 100)
+    r.poll()
+    traffic(m, 100)
+    assert r.poll() is not None
+    m.c = np.zeros((7, 2, 6, 5, 2), np.int64)  # the switch got a port: new shape
+    traffic(m, 30)
+    assert r.poll() is None                    # baseline again, no bogus pulse
+    traffic(m, 60)
+    pc = r.poll()
+    assert pc.ip.shape[0] == 7 and pc.ip[0, 0, 1] == 60
+
+
+def test_detector_rebuilt_for_new_port_count():
+    """The agent rebuilds its detector when the switch's port count changes (no crash)."""
+    from agent.daemon import SwitchAgent
+    from agent.detector import DetectorConfig, SwitchDetector
+    from agent.pulse import PulseCounts
+    from netns_testbed.topo import Fabric, FabricSpec
+
+    agent = SwitchAgent.__new__(SwitchAgent)
+    fab = Fabric(FabricSpec())
+    agent.detector = SwitchDetector(fab, "leaf0", DetectorConfig())
+    agent._make_detector = lambda: SwitchDetector(Fabric(FabricSpec(hosts_per_leaf=3)), "leaf0", DetectorConfig())
+    agent.switch, agent.pulses, agent._rec, agent.sinks, agent.alerts_total, agent.busy_s = "leaf0", 0, None, [], {}, 0.0
+    pc = PulseCounts("leaf0", 1, np.zeros((7, 2, 6), np.int64), np.zeros((7, 2), np.int64))
+    agent.reader = type("R", (), {"poll": lambda self: pc})()
+    assert agent.step() == [] and agent.detector.nports == 7

@@ -42,8 +42,9 @@ struct pkt_info {
     u32 src;        // source class: 1..NLEAVES = source leaf + 1, 0 other IPv4, NSRC-1 not IPv4
     u32 kind;       // FP_KIND_*
     u32 dst_leaf;   // destination leaf + 1 from the destination address, 0 if none
-    u32 flow_hash;
+    u32 ports;      // TCP/UDP source << 16 | destination port, 0 if none
     u32 saddr, daddr;
+    u8 proto;
     struct iphdr *iph;
 };
 
@@ -70,14 +71,17 @@ static __always_inline int ipv4_header_ok(struct iphdr *iph, void *data_end) {
     return sum == 0xffff;
 }
 
-static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi) {
+// check_hdr: verify the IPv4 header checksum (ingress only: a switch never
+// forwards a damaged frame, so egress has nothing to find and skips the work).
+static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi, int check_hdr) {
     void *data = (void *)(long)skb->data;
     void *data_end = (void *)(long)skb->data_end;
     struct ethhdr *eth = data;
     pi->src = NSRC - 1;
     pi->kind = FP_KIND_NONIP;
     pi->dst_leaf = 0;
-    pi->flow_hash = 0;
+    pi->ports = 0;
+    pi->proto = 0;
     pi->saddr = pi->daddr = 0;
     pi->iph = 0;
     if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
@@ -90,11 +94,11 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi)
     pi->daddr = iph->daddr;
     pi->src = leaf_class(iph->saddr);
     pi->dst_leaf = leaf_class(iph->daddr);
-    if (!ipv4_header_ok(iph, data_end)) {
+    pi->proto = iph->protocol;
+    if (check_hdr && !ipv4_header_ok(iph, data_end)) {
         pi->kind = FP_KIND_BADHDR;
         return;
     }
-    u32 ports = 0;
     pi->kind = FP_KIND_OTHER;
     u32 ihl = iph->ihl * 4;
     if (iph->protocol == IPPROTO_TCP && ihl == sizeof(*iph)) {
@@ -102,21 +106,25 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi)
         if ((void *)(th + 1) <= data_end) {
             u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
             pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
-            ports = ((u32)th->source << 16) | th->dest;
+            pi->ports = ((u32)th->source << 16) | th->dest;
         }
     } else if (iph->protocol == IPPROTO_UDP && ihl == sizeof(*iph)) {
         struct udphdr *uh = (void *)iph + sizeof(*iph);
         if ((void *)(uh + 1) <= data_end)
-            ports = ((u32)uh->source << 16) | uh->dest;
+            pi->ports = ((u32)uh->source << 16) | uh->dest;
     }
-    // Flow hash for "partial" faults (a fraction of flows); stable per 5-tuple.
+}
+
+// Flow hash for "partial" faults (a fraction of flows); stable per 5-tuple.
+// Computed only when such a fault is set.
+static __always_inline u32 flow_hash(struct pkt_info *pi) {
     u32 h = pi->saddr * 0x9e3779b1u;
     h ^= pi->daddr + 0x7f4a7c15u + (h << 6) + (h >> 2);
-    h ^= ports + iph->protocol + 0x165667b1u + (h << 6) + (h >> 2);
+    h ^= pi->ports + pi->proto + 0x165667b1u + (h << 6) + (h >> 2);
     h ^= h >> 16;
     h *= 0x85ebca6bu;
     h ^= h >> 13;
-    pi->flow_hash = h;
+    return h;
 }
 
 // Pulses: an idle gap longer than config.gap_units (units of 2^20 ns) between
@@ -170,7 +178,7 @@ static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook
         if (((now - f->t0_ns) % f->period_ns) >= f->on_ns)
             return 0;
     }
-    if (f->flow_frac < FP_ALL && pi->flow_hash >= f->flow_frac)
+    if (f->flow_frac < FP_ALL && flow_hash(pi) >= f->flow_frac)
         return 0;
     if (f->prob < FP_PROB_ONE && (u64)bpf_get_prandom_u32() >= f->prob)
         return 0;
@@ -211,7 +219,7 @@ int fp_ingress(struct __sk_buff *skb) {
         return TC_ACT_UNSPEC;
     u64 now = bpf_ktime_get_ns();
     struct pkt_info pi = {};
-    classify(skb, &pi);
+    classify(skb, &pi, 1);
     if (apply_fault(skb, port, FP_HOOK_INGRESS, &pi, now))
         return TC_ACT_SHOT;
     if (pi.iph)
@@ -260,7 +268,7 @@ int fp_egress(struct __sk_buff *skb) {
     u32 port = *portp;
     u64 now = bpf_ktime_get_ns();
     struct pkt_info pi = {};
-    classify(skb, &pi);
+    classify(skb, &pi, 0);
     count(skb, port, FP_DIR_OUT, &pi);
     if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi, now))
         return TC_ACT_SHOT;
