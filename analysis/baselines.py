@@ -19,6 +19,7 @@ from netns_testbed.state import Testbed
 from netns_testbed.topo import Fabric
 
 ERR_KEYS = ("rx_dropped", "rx_errors", "tx_dropped", "tx_errors")
+CONTROL_ONSET = 15  # healthy runs: the retransmission monitor is judged from this iteration on
 
 
 def snapshot(tb: Testbed) -> dict:
@@ -52,6 +53,9 @@ def _retrans_monitor(fabric: Fabric, job, faults: list[dict], z: float = 5.0) ->
     if not its:
         return {"detected": False, "guess": None, "votes": {}}
     t0 = min((f["start"] for f in faults), default=None)
+    if t0 is None and len(its) > CONTROL_ONSET:
+        # healthy run: judge from the same iteration on, so that an alarm here is a false one
+        t0 = its[CONTROL_ONSET]["start"]
     pre = [it for it in its if t0 is None or it["end"] < t0]
     post = [it for it in its if t0 is not None and it["start"] >= t0]
     hosts = job.hosts

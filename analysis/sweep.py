@@ -117,8 +117,11 @@ def plot(rows: list[dict], out: Path) -> Path:
         axes[1].plot(xs, [t["localization_accuracy"] for t in pts], marker="o", label=f"FlowPulse, {kind}")
         axes[1].plot(xs, [t["counters_localize"] for t in pts], marker="x", ls=":", label=f"interface counters, {kind}")
         axes[1].plot(xs, [t["retrans_localize"] for t in pts], marker="s", ls="--", label=f"retransmission blame, {kind}")
+    rates = sorted({100 * t["rate"] for t in tab})
     for ax, title in zip(axes, ("detected (fraction of runs)", "localized to the right link")):
         ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
         ax.set_xlabel("fault rate (%)")
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(title)
@@ -128,3 +131,22 @@ def plot(rows: list[dict], out: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def rescore(out: Path) -> list[dict]:
+    """Judge every run of a sweep again from its recorded counters (same detector code,
+    current parameters and localizer); baselines are kept from each run's report."""
+    from agent.detector import DetectorConfig
+    from analysis.replay import replay_dir
+
+    rows = json.loads((out / "sweep.json").read_text())
+    for row in rows:
+        if "error" in row:
+            continue
+        det = replay_dir(out / row["run"], DetectorConfig())["detection"]
+        pf = det["per_fault"][0] if det["per_fault"] else {}
+        row.update({"detected": bool(pf.get("detected")), "iterations_to_detect": pf.get("iterations_to_detect"),
+                    "seconds_to_detect": pf.get("seconds_to_detect"),
+                    "localized": bool(pf.get("localization_correct")), "false_positives": det["false_positives"]})
+    (out / "sweep.json").write_text(json.dumps(rows, indent=1))
+    return rows

@@ -22,18 +22,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--links", type=int, default=2, help="random leaf-spine links per (kind, rate, seed)")
     p.add_argument("--seeds", default="0", help="seeds, comma-separated")
     p.add_argument("--fault-at", type=int, default=15, help="iteration before which each fault goes on")
+    p.add_argument("--rescore", action="store_true",
+                   help="no new runs: judge the runs under --out again from their recorded counters")
     p.set_defaults(func=cmd_sweep)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from analysis.sweep import SweepSpec, plot, run_sweep, table as sweep_table
+    from analysis.sweep import SweepSpec, plot, rescore, run_sweep, table as sweep_table
     from flowpulse.cmd_experiment import spec_from_args
     from flowpulse.errors import SpecError
     from netns_testbed.faults import KINDS
     from netns_testbed.nsutil import require_root
 
+    if args.rescore:
+        if not (args.out / "sweep.json").exists():
+            raise SpecError(f"{args.out} holds no sweep (sweep.json): run the sweep first")
+        return _show(args, rescore(args.out), sweep_table, plot)
     args.fault = []
     base = spec_from_args(args)
     try:
@@ -60,6 +66,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         bar.update(1)
     rows = run_sweep(sw, args.out, tick)
     bar.close()
+    return _show(args, rows, sweep_table, plot)
+
+
+def _show(args: argparse.Namespace, rows: list[dict], sweep_table, plot) -> int:
     tab = sweep_table(rows)
     (args.out / "table.json").write_text(json.dumps(tab, indent=1))
     png = plot(rows, args.out)
