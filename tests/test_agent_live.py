@@ -39,6 +39,15 @@ def test_healthy_job_raises_nothing(tmp_path):
     assert len(rep["iterations"]) == 55
     pulses = [json.loads(l) for l in (tmp_path / "pulses" / "pulses-leaf1.jsonl").read_text().splitlines()]
     assert len([p for p in pulses if sum(map(sum, (x[0] for x in p["ip"]))) > 1000]) >= 55
+    # the counter-level model against this real run: same per-port spread (model no quieter)
+    from analysis.experiment import load_pulses
+    from analysis.model import ModelSpec, simulate
+    from tests.test_model import uplink_residuals
+
+    own = load_pulses(tmp_path / "pulses")
+    real = uplink_residuals({"leaf1": [p for p in own["leaf1"] if p.total > 2000][3:]}, "leaf1").std()
+    model = uplink_residuals(simulate(ModelSpec(spray="rrdst", size=2 << 20, seed=1), 100, 100), "leaf1").std()
+    assert 0.3 < real < 1.5 and real <= model < 3 * real, (real, model)
 
 
 @pytest.mark.parametrize("link", ["leaf2->spine1", "spine3->leaf0"])
