@@ -10,6 +10,7 @@ offline replay), a Prometheus endpoint, structured logs on stderr.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -63,15 +64,16 @@ class SwitchAgent:
 
     def _make_detector(self) -> SwitchDetector:
         degraded = [l for text in self.opts.degraded or [] for l in self.tb.fabric.parse_links(text)]
-        cfg = DetectorConfig(**{**self.opts.cfg.__dict__, "spray": self.tb.state.spray})
+        cfg = dataclasses.replace(self.opts.cfg, spray=self.tb.state.spray)
         return SwitchDetector(self.tb.fabric, self.switch, cfg, self.tb.state.weights, self.tb.out_of_service, degraded)
 
     def accept(self) -> None:
-        """The operator accepted the fabric's current state (e.g. new out-of-service links): relearn."""
+        """The operator accepted the fabric's current state (out-of-service links, weights,
+        spray mode): a detector built from it relearns from scratch."""
         self.tb = Testbed.load(self.tb.prefix)
-        degraded = [l for text in self.opts.degraded or [] for l in self.tb.fabric.parse_links(text)]
-        self.detector.accept(self.tb.out_of_service, degraded)
-        log.info("%s: accepted current fabric state; relearning", self.switch)
+        self.detector = self._make_detector()
+        log.info("%s: accepted current fabric state (spray %s, %d out of service); relearning",
+                 self.switch, self.tb.state.spray, len(self.tb.out_of_service))
 
     def step(self) -> list[Alert]:
         t0 = time.perf_counter()

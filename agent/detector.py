@@ -169,34 +169,21 @@ class SwitchDetector:
         self.nports = len(fabric.ports[switch])
         self.significant = False               # any cell significant in the last pulse (FA accounting)
         self.groups: dict[int, list[float]] = {}  # source -> [sum r^2 / n, samples, dof] of healthy pulses
-
-    # -- configuration changes the operator accepts -------------------------
-    def accept(self, out_of_service: list[Link] | None = None, degraded: list[Link] | None = None) -> None:
-        """Take a new known state (e.g. an uplink out of service): relearn, keep no stale evidence."""
-        if out_of_service is not None:
-            self.oos = list(out_of_service)
-        if degraded is not None:
-            self.degraded = {l.name for l in degraded}
-        self.reset()
+        self._share_cache: dict[str, dict[str, float]] = {}
+        self._z_cache: tuple[int | None, float] = (None, 0.0)
+        self._spine_scale = 1.0                # this pulse's workload scale at a spine (median ratio)
 
     def _shares(self, s_leaf: str) -> dict[str, float]:
         """Expected spray shares of traffic from ``s_leaf`` to this leaf (cached per known state)."""
-        cache = self.__dict__.setdefault("_share_cache", {})
-        if s_leaf not in cache:
-            cache[s_leaf] = self.fabric.spray_shares(s_leaf, self.switch, self.weights, self.oos)
-        return cache[s_leaf]
-
-    def reset(self) -> None:
-        self.__dict__.pop("_share_cache", None)
-        self.cells.clear()
-        self.pulses_used = 0
-        self.active.clear()
+        if s_leaf not in self._share_cache:
+            self._share_cache[s_leaf] = self.fabric.spray_shares(s_leaf, self.switch, self.weights, self.oos)
+        return self._share_cache[s_leaf]
 
     # -- thresholds -----------------------------------------------------------
     def z_star(self) -> float:
         """Bonferroni threshold over this switch's cells and windows (cached: quantiles are slow)."""
         ncells = max(1, len(self.cells))
-        if getattr(self, "_z_cache", (None, 0.0))[0] != ncells:
+        if self._z_cache[0] != ncells:
             self._z_cache = (ncells, float(-ndtri(self.cfg.alpha / (ncells * len(self.windows)))))
         return self._z_cache[1]
 
@@ -351,7 +338,7 @@ class SwitchDetector:
                 v = max(v, v_learn)
             return e - obs, v, e
         if cell.kind == "baseline":
-            mu = cell.learned["mu"] * getattr(self, "_spine_scale", 1.0)
+            mu = cell.learned["mu"] * self._spine_scale
             sd = max(cell.learned["sd"] * math.sqrt(cfg.var_inflation), cfg.spine_min_sd_frac * mu, 1.0)
             if cell.learned["mu"] < cfg.min_cell_pkts:
                 return 0.0, 1.0, mu
