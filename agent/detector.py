@@ -76,6 +76,7 @@ class DetectorConfig:
     var_confidence: float = 0.01   # learned variance = its (1 - this) upper confidence bound (chi-square)
     min_rate: float = 0.001        # ignore deficits below this loss rate (model error, not faults)
     clear_after: int = 8           # pulses without evidence before an alert is resolved
+    clear_fraction: float = 0.5    # hysteresis: a pulse is quiet only if the best z < this x z*
     spine_tests: bool = True
     spine_min_sd_frac: float = 0.008  # spine baseline sd floor, as a fraction of the expected count
     corruption_min: int = 2        # damaged frames in a window that make a corruption alert
@@ -199,6 +200,7 @@ class SwitchDetector:
         samples = self._samples(pc)
         events: list[Alert] = []
         touched: dict[str, tuple] = {}
+        sustained: set[str] = set()            # active alerts still well above the noise
         ready = False
         for key, (port, direction, src, kind, obs, exp_, var, scale, extra) in samples.items():
             cell = self.cells.get(key)
@@ -219,15 +221,18 @@ class SwitchDetector:
                     dq.popleft()
             hit = self._test(cell)
             self.last_scores[key] = hit[0] if hit else self._best_z(cell)
+            aid = f"{self.switch}/{port}/{direction}/{'corruption' if kind == 'corruption' else 'loss'}"
             if hit:
-                aid = f"{self.switch}/{port}/{direction}/{'corruption' if kind == 'corruption' else 'loss'}"
                 prev = touched.get(aid)
                 if prev is None or hit[0] > prev[1][0]:
                     touched[aid] = (cell, hit)
+            elif aid in self.active and (kind == "corruption" and cell.r and cell.r[-1] > 0
+                                         or self.last_scores[key] >= self.cfg.clear_fraction * self.z_star()):
+                sustained.add(aid)
         if ready:
             self._learn_ready()
         self.significant = bool(touched)
-        events += self._alerts(pc, touched)
+        events += self._alerts(pc, touched, sustained)
         return events
 
     # -- samples per pulse ---------------------------------------------------------
@@ -339,10 +344,17 @@ class SwitchDetector:
             return e - obs, v, e
         if cell.kind == "baseline":
             mu = cell.learned["mu"] * self._spine_scale
-            sd = max(cell.learned["sd"] * math.sqrt(cfg.var_inflation), cfg.spine_min_sd_frac * mu, 1.0)
             if cell.learned["mu"] < cfg.min_cell_pkts:
                 return 0.0, 1.0, mu
-            return mu - obs, sd * sd, mu
+            # learned spread at its upper confidence bound (few warm-up samples), never below
+            # the floor; with random spraying a spine's share of a leaf's packets is itself
+            # binomial: var >= mu (1 - 1/S)
+            dof = max(cfg.warmup - 1, 1)
+            var = cell.learned["sd"] ** 2 * cfg.var_inflation * dof / _chi2_lower(cfg.var_confidence, float(dof))
+            var = max(var, (cfg.spine_min_sd_frac * mu) ** 2, 1.0)
+            if cfg.spray == "random":
+                var = max(var, mu * (1 - 1 / self.fabric.spec.spines))
+            return mu - obs, var, mu
         # corruption: r = damaged frames, e = good frames on the port
         return obs, 1.0, extra
 
@@ -457,7 +469,7 @@ class SwitchDetector:
             return f"leaf{cell.src - 1}->{port.peer}"
         return None
 
-    def _alerts(self, pc: PulseCounts, touched: dict[str, tuple]) -> list[Alert]:
+    def _alerts(self, pc: PulseCounts, touched: dict[str, tuple], sustained: set[str]) -> list[Alert]:
         events: list[Alert] = []
         for aid, (cell, (z, w, rate, rate_sd, deficit)) in touched.items():
             link, cands = self._candidates(cell)
@@ -487,6 +499,9 @@ class SwitchDetector:
             self.active[aid] = state
         for aid in list(self.active):
             if aid in touched:
+                continue
+            if aid in sustained:
+                self.active[aid]["quiet"] = 0
                 continue
             st = self.active[aid]
             st["quiet"] = st.get("quiet", 0) + 1
