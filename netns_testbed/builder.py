@@ -86,7 +86,7 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
     if opts.datapath:
         dp.load_bcc()
         dp.check_headers()
-    say = progress or (lambda msg: log.info(msg))
+    say = progress or log.info
     t0 = time.monotonic()
     state = TestbedState(prefix=prefix, fabric=spec.to_dict(), spray=opts.spray, gap_ms=opts.gap_ms,
                          weights=dict(opts.weights or {}), out_of_service=list(opts.out_of_service or []),
@@ -132,12 +132,9 @@ def _make_namespaces(prefix: str, fabric: Fabric) -> None:
 def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[int]]:
     """veth per link, created straight into both namespaces (nothing in the root one)."""
     mtu = fabric.spec.mtu
-    for sw in fabric.switches:
-        with IPRoute(netns=namespace(prefix, sw)) as ipr:
-            for p in fabric.ports[sw]:
-                # Create each veth once, from the leaf side.
-                if node_kind(sw) == "spine":
-                    continue
+    for leaf in fabric.leaves:  # every link has a leaf end: create each veth once, from there
+        with IPRoute(netns=namespace(prefix, leaf)) as ipr:
+            for p in fabric.ports[leaf]:
                 peer = fabric.port(p.peer, p.peer_index)
                 ipr.link("add", ifname=p.ifname, kind="veth", mtu=mtu,
                          peer={"ifname": peer.ifname, "net_ns_fd": namespace(prefix, p.peer), "mtu": mtu})
