@@ -24,7 +24,6 @@ from agent.detector import Alert, DetectorConfig, SwitchDetector
 from agent.pulse import PulseCounts
 from agent.reader import PulseReader
 from netns_testbed.state import Testbed
-from netns_testbed.topo import Link
 
 log = logging.getLogger("flowpulse.agent")
 
@@ -165,7 +164,3 @@ def live_view(agents: list[SwitchAgent]) -> str:
         lines.append(f"{a.switch:8} {a.pulses:>6} {state:9} {wp:14} {worst[1] if worst else 0:>6.1f}  "
                      + (", ".join(alerts) or "-"))
     return "\n".join(lines)
-
-
-def known_links(tb: Testbed, texts: list[str]) -> list[Link]:
-    return [l for t in texts for l in tb.fabric.parse_links(t)]

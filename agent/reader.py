@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -101,7 +100,3 @@ class PulseReader:
         bad = pkts[:, :, :, BAD_KIND].sum(axis=2)
         return PulseCounts(self.switch, pid, ip, bad, start_ns=start_ns, end_ns=last_ns,
                            start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged)
-
-
-def record_path(directory: Path, switch: str) -> Path:
-    return directory / f"pulses-{switch}.jsonl"

@@ -18,7 +18,6 @@ import json
 import logging
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -193,7 +192,3 @@ def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:
         sw = f.stem[len("pulses-"):]
         out[sw] = [PulseCounts.from_dict(json.loads(l)) for l in f.read_text().splitlines() if l.strip()]
     return out
-
-
-def spec_summary(spec: ExperimentSpec) -> dict:
-    return {"fabric": spec.fabric.to_dict(), "job": asdict(spec.job), "faults": [f.text for f in spec.faults]}

@@ -122,12 +122,6 @@ class PinnedArray:
         _bpf(BPF_MAP_LOOKUP_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(buf)))
         return self._values(buf, 1)[0]
 
-    def get_raw(self, index: int) -> bytes:
-        key = ct.c_uint32(index)
-        buf = self._buf(1)
-        _bpf(BPF_MAP_LOOKUP_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(buf)))
-        return bytes(buf)
-
     def set(self, index: int, value: ct.Structure) -> None:
         """Write one element (on a per-CPU map, the same value on every CPU)."""
         key = ct.c_uint32(index)

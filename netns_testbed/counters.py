@@ -1,12 +1,8 @@
 """Per-port counter tables: what a switch counted, in the fabric model's names."""
 from __future__ import annotations
 
-import numpy as np
-
 from netns_testbed.datapath import DIRS, KINDS
 from netns_testbed.state import Testbed
-
-IP_KINDS = slice(0, 3)  # tcp_data, tcp_ctrl, other_ip: what the detector compares
 
 
 def port_rows(tb: Testbed, switches: list[str] | None = None) -> list[dict]:
@@ -28,8 +24,3 @@ def port_rows(tb: Testbed, switches: list[str] | None = None) -> list[dict]:
                     row[kname] = int(cell[:, k, 0].sum())
                 rows.append(row)
     return rows
-
-
-def ip_packets(counters: np.ndarray) -> np.ndarray:
-    """IPv4 packets per [port, dir, src] (drops non-IP and damaged frames)."""
-    return counters[:, :, :, IP_KINDS, 0].sum(axis=3)

@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -51,18 +50,9 @@ def sysctl(name: str, key: str, value: str | int) -> None:
         Path("/proc/sys", *key.split(".")).write_text(f"{value}\n")
 
 
-def read_sysctl(name: str, key: str) -> str:
-    with in_netns(name):
-        return Path("/proc/sys", *key.split(".")).read_text().strip()
-
-
 def netns_argv(name: str, argv: Sequence[str]) -> list[str]:
     """argv that runs ``argv`` inside namespace ``name`` (no shell involved)."""
     return ["ip", "netns", "exec", name, *argv]
-
-
-def run_in(name: str, argv: Sequence[str], timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(netns_argv(name, argv), capture_output=True, text=True, timeout=timeout, check=check)
 
 
 def snmp(name: str) -> dict[str, dict[str, int]]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from flowpulse.errors import SpecError
 
@@ -96,14 +96,6 @@ class Port:
     peer: str
     peer_index: int
     address: ipaddress.IPv4Interface
-
-    @property
-    def out_link(self) -> str:
-        return f"{self.node}->{self.peer}"
-
-    @property
-    def in_link(self) -> str:
-        return f"{self.peer}->{self.node}"
 
 
 @dataclass(frozen=True)
@@ -249,9 +241,6 @@ class Fabric:
     def uplinks(self, leaf: str) -> list[Port]:
         return self.ports[leaf][: self.spec.spines]
 
-    def host_ports(self, leaf: str) -> list[Port]:
-        return self.ports[leaf][self.spec.spines :]
-
     # -- links -------------------------------------------------------------
     def links(self) -> list[Link]:
         """All directed links, leaf-spine first."""
@@ -330,10 +319,6 @@ class Fabric:
                 raw[spine] = w
         total = sum(raw.values())
         return {s: w / total for s, w in raw.items()} if total else {}
-
-    def iter_switch_ports(self) -> Iterator[Port]:
-        for sw in self.switches:
-            yield from self.ports[sw]
 
     # -- serialisation -----------------------------------------------------
     def to_dict(self) -> dict:
