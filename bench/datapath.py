@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Datapath cost and testbed footprint (root).
 
-1. Forwarding through the fabric, three testbeds side by side in one run,
+1. Forwarding through the fabric, four testbeds side by side in one run,
    measured alternately: FlowPulse programs attached with spraying (rrdst) +
    counting + a rate-0 fault on the path (every stage runs); the programs
-   attached with spraying off (kernel ECMP picks the uplink); plain kernel ECMP
-   with no BPF. TCP goodput (iperf3, 1 and 4 streams) and small-packet UDP rate
+   attached with spraying off (kernel ECMP picks the uplink); an empty program
+   (bench/noop.c) on every port, i.e. the cost of the tc hooks alone; plain
+   kernel ECMP with no BPF. TCP goodput (iperf3, 1 and 4 streams) and small-packet UDP rate
    (64-byte datagrams), as ratios to plain ECMP (target >= 0.9). Spraying also
    costs TCP some goodput through reordering, which the middle row separates.
 2. `up`/`down` wall time and memory (MemAvailable drop, builder peak RSS) for the
@@ -60,6 +61,26 @@ def _used_kib() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
+def attach_noop(tb) -> None:
+    """The empty program on both hooks of every switch port (the hooks' own cost)."""
+    from pyroute2 import IPRoute
+
+    from netns_testbed.datapath import load_bcc
+
+    BPF = load_bcc()
+    b = BPF(src_file=str(Path(__file__).with_name("noop.c")).encode())
+    fn = b.load_func(b"noop", BPF.SCHED_CLS)
+    for sw in tb.fabric.switches:
+        with IPRoute(netns=tb.ns(sw)) as ipr:
+            for port in tb.fabric.ports[sw]:
+                idx = ipr.link_lookup(ifname=port.ifname)[0]
+                ipr.tc("add", "clsact", idx)
+                for parent in ("ffff:fff2", "ffff:fff3"):
+                    ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
+                           direct_action=True)
+    b.cleanup()
+
+
 def footprint(shape: str) -> dict:
     l, s, h = (int(x) for x in shape.split("x"))
     prefix = "fpfoot"
@@ -83,18 +104,22 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--shapes", nargs="+", default=["4x4x2", "8x8x2", "12x12x2"])
+    p.add_argument("--shapes", nargs="*", default=["4x4x2", "8x8x2", "16x16x2"],
+                   help="fabrics for the up/down footprint (none: skip it)")
     a = p.parse_args()
     shape = FabricSpec(leaves=2, spines=4, hosts_per_leaf=1)
-    names = {"fpbspray": "spray+count+fault", "fpbcount": "count+fault only", "fpboff": "kernel ECMP, no BPF"}
+    names = {"fpbspray": "spray+count+fault", "fpbcount": "count+fault only", "fpbnoop": "empty tc program",
+             "fpboff": "kernel ECMP, no BPF"}
     for pre in names:
         builder.down(pre)
     beds = {"fpbspray": builder.up("fpbspray", shape),
             "fpbcount": builder.up("fpbcount", shape),
+            "fpbnoop": builder.up("fpbnoop", shape, builder.UpOptions(datapath=False)),
             "fpboff": builder.up("fpboff", shape, builder.UpOptions(datapath=False))}
     try:
         for pre in ("fpbspray", "fpbcount"):  # a rate-0 fault on the path: the fault stage runs too
             faults.apply(beds[pre], faults.parse_fault(beds[pre].fabric, "leaf0->spine1:drop=0"))
+        attach_noop(beds["fpbnoop"])
         for leaf in beds["fpbcount"].fabric.leaves:  # programs attached, spraying off: kernel ECMP picks
             m = beds["fpbcount"].maps(leaf)
             m.set_config("off", beds["fpbcount"].state.gap_ms)
@@ -115,6 +140,8 @@ def main() -> int:
         print(f"{label:22} {m['tcp1_gbps']:>8.2f} ({m['tcp1_gbps'] / base['tcp1_gbps']:.2f}) "
               f"{m['tcp4_gbps']:>9.2f} ({m['tcp4_gbps'] / base['tcp4_gbps']:.2f}) "
               f"{m['udp64_kpps']:>7.1f} ({m['udp64_kpps'] / base['udp64_kpps']:.2f})")
+    if not a.shapes:
+        return 0
     print()
     print(f"{'shape':8} {'namespaces':>10} {'up s':>6} {'down s':>6} {'kernel MiB':>10} {'builder peak MiB':>16}")
     for shape in a.shapes:

@@ -160,7 +160,7 @@ def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
     result = JobResult(ok=failure is None, spec=asdict(spec), hosts=hosts, failed_rank=failed_rank,
                        failure=failure, wall_s=time.time() - t0)
     result.ranks = [_read_rank(out_dir, r) for r in range(n)]
-    result.iterations, result.summary = summarize(result.ranks, spec, n, mss=tb.fabric.spec.mtu - 52)
+    result.iterations, result.summary = summarize(result.ranks, spec, n)
     (out_dir / "workload.json").write_text(json.dumps(result.to_dict(), indent=1))
     if failure:
         say(f"job failed: rank {failed_rank} ({hosts[failed_rank]}): {failure}")
@@ -206,12 +206,13 @@ def _failure_text(out_dir: Path, r: int, code: int) -> str:
     return f"exit {code}: {tail[0] if tail else 'no output'}"
 
 
-def summarize(ranks: list[dict], spec: JobSpec, n: int, mss: int = 1448) -> tuple[list[dict], dict]:
+def summarize(ranks: list[dict], spec: JobSpec, n: int) -> tuple[list[dict], dict]:
     """Per-iteration job view (first start, last end over ranks) and bus bandwidth.
 
-    ``first_tx_payload`` takes retransmitted segments (``mss`` bytes each) off the
-    payload: spraying reorders packets and TCP retransmits spuriously (tens of
-    segments per iteration with no loss), which is traffic but not the collective's.
+    ``first_tx_payload`` is each rank's TCP payload sent once (tcp_info: sent minus
+    retransmitted bytes): spraying reorders packets and TCP retransmits spuriously
+    (tens to hundreds of segments per iteration with no loss), which is traffic
+    but not the collective's.
     """
     its = []
     count = min((len(r.get("iterations", [])) for r in ranks), default=0)
@@ -224,7 +225,8 @@ def summarize(ranks: list[dict], spec: JobSpec, n: int, mss: int = 1448) -> tupl
                     "tx_bytes": [x["tx_bytes"] for x in rows], "rx_bytes": [x["rx_bytes"] for x in rows],
                     "tx_payload": [x["tx_payload"] for x in rows],
                     "retrans_segs": [x["retrans_segs"] for x in rows],
-                    "first_tx_payload": [x["tx_payload"] - mss * x["retrans_segs"] for x in rows],
+                    "first_tx_payload": [x["first_tx_payload"] for x in rows],
+                    "retrans_bytes": [x["retrans_bytes"] for x in rows],
                     **({"loss": sum(x["loss"] for x in rows) / n} if "loss" in rows[0] else {})})
     summary: dict = {"completed_iterations": count}
     if its:

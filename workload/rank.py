@@ -12,6 +12,8 @@ import argparse
 import datetime
 import json
 import os
+import socket
+import struct
 import sys
 import time
 import traceback
@@ -41,6 +43,38 @@ def tcp_retrans() -> int:
         if head.startswith("Tcp:"):
             return int(dict(zip(head.split()[1:], vals.split()[1:]))["RetransSegs"])
     return 0
+
+
+TCP_INFO_LEN = 232
+TCPI_BYTES_SENT = 200      # struct tcp_info (include/uapi/linux/tcp.h): u64 tcpi_bytes_sent,
+TCPI_BYTES_RETRANS = 208   # then u64 tcpi_bytes_retrans (kernel >= 4.19)
+
+
+def tcp_payload_sent() -> tuple[int, int]:
+    """(data bytes sent, of which retransmitted) over this process's TCP sockets.
+
+    Read from each socket's tcp_info, so first-transmission payload is exact
+    (sent - retransmitted) whatever the size of the retransmitted segments.
+    """
+    sent = retrans = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+                if len(info) >= TCPI_BYTES_RETRANS + 8:
+                    a, b = struct.unpack_from("=QQ", info, TCPI_BYTES_SENT)
+                    sent, retrans = sent + a, retrans + b
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return sent, retrans
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,16 +115,20 @@ def main(argv: list[str] | None = None) -> int:
                 progress.write(json.dumps({"i": i, "phase": "start", "t": time.time()}) + "\n")
             rx0, rxp0, tx0, txp0 = nic_counters()
             rt0 = tcp_retrans()
+            ps0, pr0 = tcp_payload_sent()
             t0, m0 = time.time(), time.monotonic_ns()
             info = step(i)
             t1, m1 = time.time(), time.monotonic_ns()
             rx1, rxp1, tx1, txp1 = nic_counters()
             rt1 = tcp_retrans()
+            ps1, pr1 = tcp_payload_sent()
             result["iterations"].append({
                 "index": i, "start": t0, "end": t1, "mono_start_ns": m0, "mono_end_ns": m1,
                 "tx_bytes": tx1 - tx0, "rx_bytes": rx1 - rx0, "tx_packets": txp1 - txp0, "rx_packets": rxp1 - rxp0,
                 # TCP payload on the wire (headers of every frame taken off): comparable with 2(N-1)/N x S
-                "tx_payload": (tx1 - tx0) - TCP_FRAME_OVERHEAD * (txp1 - txp0), "retrans_segs": rt1 - rt0, **info})
+                "tx_payload": (tx1 - tx0) - TCP_FRAME_OVERHEAD * (txp1 - txp0), "retrans_segs": rt1 - rt0,
+                # TCP payload sent once (retransmitted bytes taken off), from tcp_info
+                "first_tx_payload": (ps1 - ps0) - (pr1 - pr0), "retrans_bytes": pr1 - pr0, **info})
             if progress:
                 progress.write(json.dumps({"i": i, "phase": "end", "t": time.time()}) + "\n")
             time.sleep(args.idle_ms / 1000.0)
