@@ -38,7 +38,11 @@ def test_healthy_job_raises_nothing(tmp_path):
     assert rep["alerts"] == [] and rep["detection"]["false_positives"] == 0
     assert len(rep["iterations"]) == 55
     pulses = [json.loads(l) for l in (tmp_path / "pulses" / "pulses-leaf1.jsonl").read_text().splitlines()]
-    assert len([p for p in pulses if sum(map(sum, (x[0] for x in p["ip"]))) > 1000]) >= 55
+    big = [p for p in pulses if sum(map(sum, (x[0] for x in p["ip"]))) > 1000]
+    # the kernel cut every iteration into its own pulse; the reader folded at most a few
+    # of them together when it was late for an idle gap (merged > 1: still exact counts)
+    assert sum(p["merged"] for p in big) >= 55
+    assert sum(1 for p in big if p["merged"] > 1) <= 2
     # the counter-level model against this real run: same per-port spread (model no quieter)
     from analysis.experiment import load_pulses
     from analysis.model import ModelSpec, simulate
