@@ -202,16 +202,16 @@ class SwitchDetector:
         touched: dict[str, tuple] = {}
         sustained: set[str] = set()            # active alerts still well above the noise
         ready = False
-        for key, (port, direction, src, kind, obs, exp_, var, scale, extra) in samples.items():
+        for key, (port, direction, src, kind, obs, scale, extra) in samples.items():
             cell = self.cells.get(key)
             if cell is None:
                 cell = self.cells[key] = Cell(key, port, direction, src, kind)
             if not cell.learned:
                 # warm-up (or a cell that appeared later): learn from its first pulses
-                cell.warm.append((obs, exp_, var, extra))
+                cell.warm.append((obs, extra))
                 ready = ready or len(cell.warm) >= self.cfg.warmup
                 continue
-            r, v, e = self._residual(cell, obs, exp_, var, extra)
+            r, v, e = self._residual(cell, obs, extra)
             if kind == "peer":
                 self._refine(cell, r, extra["n"])
             for dq, x in ((cell.r, r), (cell.v, v), (cell.e, e), (cell.o, obs), (cell.scale, scale),
@@ -219,8 +219,8 @@ class SwitchDetector:
                 dq.append(x)
                 if len(dq) > self.cfg.max_window:
                     dq.popleft()
-            hit = self._test(cell)
-            self.last_scores[key] = hit[0] if hit else self._best_z(cell)
+            best_z, hit = self._scan(cell)
+            self.last_scores[key] = hit[0] if hit else best_z
             aid = f"{self.switch}/{port}/{direction}/{'corruption' if kind == 'corruption' else 'loss'}"
             if hit:
                 prev = touched.get(aid)
@@ -237,14 +237,13 @@ class SwitchDetector:
 
     # -- samples per pulse ---------------------------------------------------------
     def _samples(self, pc: PulseCounts) -> dict:
-        """key -> (port, dir, src, kind, observed, expected or None, null var or None, p->r scale, extra)."""
+        """key -> (port, dir, src, kind, observed, p->r scale, extra)."""
         out: dict = {}
         ip = pc.ip
         cfg = self.cfg
         # corruption: damaged frames received on each port
         for p in range(self.nports):
-            out[("bad", p)] = (p, "in", -1, "corruption", float(pc.bad[p, 0]), None, None, 1.0,
-                               float(ip[p, 0].sum()))
+            out[("bad", p)] = (p, "in", -1, "corruption", float(pc.bad[p, 0]), 1.0, float(ip[p, 0].sum()))
         if self.is_leaf:
             S = self.fabric.spec.spines
             me = self.switch
@@ -266,15 +265,14 @@ class SwitchDetector:
                     continue
                 for i, k in enumerate(group):
                     w = shares[f"spine{k}"] / wsum
-                    out[("peer", k, src)] = (k, "in", src, "peer", c[i], w * n, n * w * (1 - w), w * (1 - w) * n,
-                                             {"w": w, "n": n})
+                    out[("peer", k, src)] = (k, "in", src, "peer", c[i], w * (1 - w) * n, {"w": w, "n": n})
         elif cfg.spine_tests:
             for p in range(self.nports):
                 for src in np.flatnonzero(ip[p, 0] >= cfg.min_cell_pkts).tolist():
-                    out[("base", p, src)] = (p, "in", src, "baseline", float(ip[p, 0, src]), None, None, None, None)
+                    out[("base", p, src)] = (p, "in", src, "baseline", float(ip[p, 0, src]), None, None)
             for key in self.cells:  # a port that fell silent is the strongest evidence of all
                 if key[0] == "base" and key not in out:
-                    out[key] = (key[1], "in", key[2], "baseline", float(ip[key[1], 0, key[2]]), None, None, None, None)
+                    out[key] = (key[1], "in", key[2], "baseline", float(ip[key[1], 0, key[2]]), None, None)
             # common scale: median over ports of observed / baseline (workload size changes)
             ratios = []
             for key, sample in out.items():
@@ -310,8 +308,8 @@ class SwitchDetector:
             stats = []
             for cell in cells:
                 obs = np.array([w[0] for w in cell.warm])
-                ns = np.array([w[3]["n"] for w in cell.warm])
-                w_model = float(np.mean([w[3]["w"] for w in cell.warm]))
+                ns = np.array([w[1]["n"] for w in cell.warm])
+                w_model = float(np.mean([w[1]["w"] for w in cell.warm]))
                 share = obs.sum() / max(ns.sum(), 1.0) if cfg.model == "learned" else w_model
                 resid = share * ns - obs
                 stats.append((cell, share, resid, ns))
@@ -320,17 +318,16 @@ class SwitchDetector:
             k = len(stats)
             samples = sum(len(r) for _, _, r, _ in stats)
             dof = samples * (k - 1) / k - (k if cfg.model == "learned" else 0)
-            n_mean = float(np.mean([ns.mean() for _, _, _, ns in stats]))
             self.groups[src] = [ssn, float(samples), max(dof, 1.0)]
             vpp = ssn / samples
             for cell, share, resid, ns in stats:
                 # a learned share w = sum(obs) / sum(n) has Var = vpp / sum(n); that error adds
-                # coherently over a window (see _window_var)
+                # coherently over a window (see _window_sums)
                 share_var = vpp / max(float(ns.sum()), 1.0) if cfg.model == "learned" else 0.0
-                cell.learned = {"share": share, "var_per_pkt": vpp, "n_warm": n_mean, "share_var": share_var}
+                cell.learned = {"share": share, "share_var": share_var}
                 cell.warm = []
 
-    def _residual(self, cell: Cell, obs: float, exp_: float | None, var: float | None, extra) -> tuple[float, float, float]:
+    def _residual(self, cell: Cell, obs: float, extra) -> tuple[float, float, float]:
         cfg = self.cfg
         if cell.kind == "peer":
             n, w_model = extra["n"], extra["w"]
@@ -375,62 +372,63 @@ class SwitchDetector:
             g[1] += 1.0
             g[2] += (k - 1) / max(k, 1)
 
-    def _window_var(self, cell: Cell, w: int) -> float:
-        """Null variance of the deficit summed over the last ``w`` pulses.
+    def _window_sums(self, cell: Cell) -> list[tuple[int, float, float, float]]:
+        """(w, sum of r, null variance, p->r factor) for each window the cell has filled, newest back.
 
         Per-pulse noise adds up (sum of V); the error of a learned share does not
         average out but grows with the packets in the window: + var(share) (sum n)^2.
+        The p->r factor is the sum of the peer scales (or of the expected counts).
         """
-        sv = sum(list(cell.v)[-w:])
         share_var = cell.learned.get("share_var", 0.0) if cell.kind == "peer" else 0.0
-        if share_var:
-            share = cell.learned["share"]
-            n_sum = sum(list(cell.e)[-w:]) / max(share, 1e-9)
-            sv += share_var * n_sum * n_sum
-        return sv
-
-    def _best_z(self, cell: Cell) -> float:
-        best = 0.0
-        r = list(cell.r)
-        for w in self.windows:
-            if w > len(r):
-                break
-            sr, sv = sum(r[-w:]), self._window_var(cell, w)
-            if sv > 0:
-                best = max(best, sr / math.sqrt(sv))
-        return best
-
-    def _test(self, cell: Cell) -> tuple[float, int, float, float, float] | None:
-        """Best significant window: (z, window, rate, rate_sd, deficit) or None."""
-        cfg = self.cfg
-        r, e, sc = list(cell.r), list(cell.e), list(cell.scale)
-        if cell.kind == "corruption":
-            for w in self.windows:
-                if w > len(r):
+        use_scale = cell.kind == "peer"
+        out: list[tuple[int, float, float, float]] = []
+        sr = sv = se = ssc = 0.0
+        wi, windows = 0, self.windows
+        for i, (r, v, e, sc) in enumerate(zip(reversed(cell.r), reversed(cell.v), reversed(cell.e),
+                                              reversed(cell.scale)), 1):
+            sr, sv, se = sr + r, sv + v, se + e
+            if use_scale:
+                ssc += sc
+            if i == windows[wi]:
+                var = sv
+                if share_var:
+                    n_sum = se / max(cell.learned["share"], 1e-9)
+                    var += share_var * n_sum * n_sum
+                out.append((i, sr, var, ssc if use_scale else se))
+                wi += 1
+                if wi == len(windows):
                     break
-                bad, good = sum(r[-w:]), sum(e[-w:])
+        return out
+
+    def _scan(self, cell: Cell) -> tuple[float, tuple[float, int, float, float, float] | None]:
+        """(largest z over the windows, best significant window or None).
+
+        The window: (z, window, rate, rate_sd, deficit); for damaged frames z is their count.
+        """
+        cfg = self.cfg
+        sums = self._window_sums(cell)
+        best_z = max([0.0] + [sr / math.sqrt(var) for _, sr, var, _ in sums if var > 0])
+        if cell.kind == "corruption":
+            r = list(cell.r)
+            for w, bad, _, good in sums:
                 if bad >= cfg.corruption_min and sum(1 for x in r[-w:] if x > 0) >= min(w, 2):
                     rate = bad / max(bad + good, 1.0)
-                    return (float(bad), w, rate, math.sqrt(bad) / max(bad + good, 1.0), bad)
-            return None
+                    return best_z, (float(bad), w, rate, math.sqrt(bad) / max(bad + good, 1.0), bad)
+            return best_z, None
         zs = self.z_star()
         best = None
-        for w in self.windows:
-            if w > len(r):
-                break
-            sr, sv = sum(r[-w:]), self._window_var(cell, w)
-            if sv <= 0:
+        for w, sr, var, denom in sums:
+            if var <= 0:
                 continue
-            z = sr / math.sqrt(sv)
+            z = sr / math.sqrt(var)
             if z <= zs:
                 continue
-            denom = sum(sc[-w:]) if cell.kind == "peer" and sc[-1] is not None else sum(e[-w:])
             rate = sr / denom if denom > 0 else 0.0
             if rate < cfg.min_rate:
                 continue
             if best is None or z > best[0]:
-                best = (z, w, rate, math.sqrt(sv) / denom if denom > 0 else 0.0, sr)
-        return best
+                best = (z, w, rate, math.sqrt(var) / denom if denom > 0 else 0.0, sr)
+        return best_z, best
 
     # -- localisation and alert state ----------------------------------------------
     def _candidates(self, cell: Cell) -> tuple[str | None, list[str]]:
