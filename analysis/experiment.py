@@ -24,7 +24,7 @@ from typing import Callable
 from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, run_agents
 from agent.pulse import PulseCounts
 from analysis import baselines
-from analysis.localize import incidents as make_incidents
+from analysis.localize import incidents as make_incidents, latest_events
 from analysis.scoring import detection_summary
 from analysis.spec import ExperimentSpec, ScheduledFault
 from netns_testbed import builder, faults as fault_ops
@@ -94,8 +94,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     say = progress or log.info
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
-    opts = builder.UpOptions(spray=spec.spray, gap_ms=spec.gap_ms, out_of_service=spec.out_of_service)
-    tb = builder.up(spec.prefix, spec.fabric, opts, progress=say)
+    tb = builder.up(spec.prefix, spec.fabric, spec.up_options(), progress=say)
     stop = threading.Event()
     agents: list[SwitchAgent] = []
     sink = JsonLinesSink(out / "alerts.jsonl")
@@ -167,10 +166,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
 
 def report_alerts(events: list[dict]) -> list[dict]:
     """One entry per alert (its first event), with the link its later updates settled on."""
-    latest: dict[str, dict] = {}
-    for ev in events:
-        if ev["event"] != "resolved":
-            latest[ev["alert_id"]] = ev
+    latest = latest_events(events)
     out = []
     for ev in events:
         if ev["event"] != "alert":

@@ -117,16 +117,19 @@ def spine_test(fabric: Fabric, spine_pulses: list[PulseCounts], leaf_alert: dict
     return None, ev
 
 
+def latest_events(events: list[dict]) -> dict[str, dict]:
+    """alert_id -> its last alert or update event (updates carry more evidence and may
+    have resolved the link)."""
+    return {ev["alert_id"]: ev for ev in events if ev["event"] != "resolved"}
+
+
 def incidents(fabric: Fabric, events: list[dict], pulses: dict[str, list[PulseCounts]] | None = None) -> list[Incident]:
     """Group alert events into incidents and name one link for each where the evidence allows."""
-    latest: dict[str, dict] = {}
     first: dict[str, dict] = {}
     for ev in events:
-        if ev["event"] == "resolved":
-            continue
-        first.setdefault(ev["alert_id"], ev)
-        latest[ev["alert_id"]] = ev  # updates carry more evidence and may have resolved the link
-    alerts = list(latest.values())
+        if ev["event"] != "resolved":
+            first.setdefault(ev["alert_id"], ev)
+    alerts = list(latest_events(events).values())
     out = []
     for group in _groups(alerts):
         definite = [a["link"] for a in group if a.get("link")]

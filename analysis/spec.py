@@ -20,7 +20,8 @@ import yaml
 from agent.detector import DetectorConfig
 from flowpulse.errors import SpecError
 from netns_testbed.faults import FaultSpec, parse_fault
-from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix
+from netns_testbed.builder import UpOptions
+from netns_testbed.topo import Fabric, FabricSpec, check_prefix
 from workload.launcher import JobSpec
 
 
@@ -76,15 +77,9 @@ class ExperimentSpec:
     def validate(self) -> "ExperimentSpec":
         """Every check that can be made before building anything."""
         check_prefix(self.prefix)
-        if self.spray not in SPRAY_MODES:
-            raise SpecError(f"unknown spray mode {self.spray!r}: choose one of {', '.join(SPRAY_MODES)}")
         fabric = Fabric(self.fabric)
-        oos = set()
-        for text in self.out_of_service:
-            for l in fabric.parse_links(text):
-                if "h" in (l.src[0], l.dst[0]):
-                    raise SpecError(f"out-of-service {text!r}: only leaf<->spine links can be routed around")
-                oos.add(l.name)
+        self.up_options().validate(fabric)  # the builder's own checks: spray mode, gap, routable links
+        oos = {l.name for text in self.out_of_service for l in fabric.parse_links(text)}
         seen: dict[str, str] = {}
         for sf in self.faults:
             link = sf.fault.link
@@ -104,6 +99,9 @@ class ExperimentSpec:
             raise SpecError(f"bad rank count {n}: this fabric has {len(fabric.hosts)} hosts")
         self.detector = DetectorConfig(**{**asdict(self.detector), "spray": self.spray}).validate()
         return self
+
+    def up_options(self) -> UpOptions:
+        return UpOptions(spray=self.spray, gap_ms=self.gap_ms, out_of_service=self.out_of_service)
 
     def to_dict(self) -> dict:
         return {"fabric": self.fabric.to_dict(), "spray": self.spray, "gap_ms": self.gap_ms,

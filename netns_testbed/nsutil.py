@@ -58,8 +58,13 @@ def netns_argv(name: str, argv: Sequence[str]) -> list[str]:
 def snmp(name: str) -> dict[str, dict[str, int]]:
     """The namespace's /proc/net/snmp (IP/ICMP/TCP/UDP MIB counters)."""
     with in_netns(name):
-        lines = Path("/proc/net/snmp").read_text().splitlines()
-        lines += Path("/proc/net/netstat").read_text().splitlines()
+        text = Path("/proc/net/snmp").read_text() + Path("/proc/net/netstat").read_text()
+    return parse_mib(text)
+
+
+def parse_mib(text: str) -> dict[str, dict[str, int]]:
+    """/proc/net/snmp-style text (a header line, then a values line, per protocol) as nested dicts."""
+    lines = text.splitlines()
     out: dict[str, dict[str, int]] = {}
     for head, vals in zip(lines[::2], lines[1::2]):
         proto, *keys = head.split()

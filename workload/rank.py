@@ -19,6 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
+from netns_testbed.nsutil import parse_mib
+
 WORKLOADS = ("allreduce", "allgather", "reduce_scatter", "ddp")
 
 
@@ -38,11 +40,7 @@ def nic_counters(ifname: str = "eth0") -> tuple[int, int, int, int]:
 
 def tcp_retrans() -> int:
     """Retransmitted TCP segments of this namespace (one rank per host: this rank's)."""
-    lines = Path("/proc/self/net/snmp").read_text().splitlines()
-    for head, vals in zip(lines[::2], lines[1::2]):
-        if head.startswith("Tcp:"):
-            return int(dict(zip(head.split()[1:], vals.split()[1:]))["RetransSegs"])
-    return 0
+    return parse_mib(Path("/proc/self/net/snmp").read_text()).get("Tcp", {}).get("RetransSegs", 0)
 
 
 TCP_INFO_LEN = 232
