@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import os
+from pathlib import Path
 
 import pytest
 
 IS_ROOT = os.geteuid() == 0
+TRACES = Path(__file__).parent / "data" / "pulse-traces"   # recorded runs shipped with the repository
 _counter = itertools.count()
 
 
