@@ -10,7 +10,6 @@ offline replay), a Prometheus endpoint, structured logs on stderr.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from agent.detector import Alert, DetectorConfig, SwitchDetector
 from agent.pulse import PulseCounts
 from agent.reader import PulseReader
 from netns_testbed.state import Testbed
+from netns_testbed.topo import SprayMode
 
 log = logging.getLogger("flowpulse.agent")
 AGENT_NICE = -10  # the poller's nice value (needs root)
@@ -37,6 +37,8 @@ class AgentOptions:
     record: Path | None = None          # directory for pulses-<switch>.jsonl
     degraded: list[str] | None = None   # links known to be lossy: not tested
     poll_s: float = 0.01
+    persist: bool = True                # keep detector state in the testbed's state dir across restarts
+    save_every: int = 10                # pulses between state saves (and at exit)
 
 
 class SwitchAgent:
@@ -53,6 +55,7 @@ class SwitchAgent:
         self.opts = opts
         self.reader = PulseReader(tb, switch)
         self.detector = self._make_detector()
+        self._restore()
         self.sinks = list(sinks or [])
         self.alerts_total: dict[str, int] = {}
         self.last_pulse: PulseCounts | None = None
@@ -65,14 +68,43 @@ class SwitchAgent:
 
     def _make_detector(self) -> SwitchDetector:
         degraded = [l for text in self.opts.degraded or [] for l in self.tb.fabric.parse_links(text)]
-        cfg = dataclasses.replace(self.opts.cfg, spray=self.tb.state.spray)
-        return SwitchDetector(self.tb.fabric, self.switch, cfg, self.tb.state.weights, self.tb.out_of_service, degraded)
+        return SwitchDetector(self.tb.fabric, self.switch, self.opts.cfg, SprayMode.parse(self.tb.state.spray),
+                              self.tb.state.weights, self.tb.out_of_service, degraded)
+
+    # -- detector state across restarts -------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.tb.dir / "detector" / f"{self.switch}.json"
+
+    def _restore(self) -> None:
+        """Continue from the state a previous agent of this switch saved (same fabric state and settings)."""
+        if not self.opts.persist:
+            return
+        try:
+            self.detector.load_state(json.loads(self.state_path.read_text()))
+            log.info("%s: continuing from saved detector state (%d pulses, %d open alerts)", self.switch,
+                     self.detector.pulses_used, len(self.detector.active))
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+            log.warning("%s: saved detector state not used (%s): starting afresh", self.switch, e)
+            self.detector = self._make_detector()
+
+    def save_state(self) -> None:
+        if not self.opts.persist:
+            return
+        path = self.state_path
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.detector.state()))
+        os.replace(tmp, path)
 
     def accept(self) -> None:
         """The operator accepted the fabric's current state (out-of-service links, weights,
         spray mode): a detector built from it relearns from scratch."""
         self.tb = Testbed.load(self.tb.prefix)
         self.detector = self._make_detector()
+        self.save_state()
         log.info("%s: accepted current fabric state (spray %s, %d out of service); relearning",
                  self.switch, self.tb.state.spray, len(self.tb.out_of_service))
 
@@ -87,6 +119,8 @@ class SwitchAgent:
                 log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
                 self.detector = self._make_detector()
             events = self.detector.observe(pc)
+            if events or self.pulses % self.opts.save_every == 0:
+                self.save_state()
             if self._rec:
                 rec = pc.to_dict()
                 rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
@@ -95,7 +129,7 @@ class SwitchAgent:
             for ev in events:
                 self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event == "alert")
                 d = ev.to_dict()
-                log.warning("%s %s: port %d (%s) %s link=%s candidates=%s rate=%.4f z=%.1f window=%d",
+                log.warning("%s %s: port %d (%s) %s link=%s candidates=%s rate=%.4f score=%.2f window=%d",
                             ev.event, ev.kind, ev.port, ev.ifname, ev.switch, ev.link, ",".join(ev.candidates),
                             ev.estimated_rate, ev.score, ev.window)
                 for sink in self.sinks:
@@ -104,6 +138,10 @@ class SwitchAgent:
         return events
 
     def close(self) -> None:
+        try:
+            self.save_state()
+        except OSError as e:  # the testbed went down under us
+            log.debug("%s: detector state not saved: %s", self.switch, e)
         self.reader.close()
         if self._rec:
             self._rec.close()
@@ -170,8 +208,8 @@ def live_view(agents: list[SwitchAgent]) -> str:
         scores = det.port_scores()
         worst = max(scores.items(), key=lambda kv: kv[1]) if scores else None
         state = "learning" if det.warming_up else "watching"
-        alerts = [f"{st['alert'].kind}:{st['alert'].link or '|'.join(st['alert'].candidates)}"
-                  f"@{st['alert'].estimated_rate:.2%}" for st in det.active.values()]
+        alerts = [f"{oa.alert.kind}:{oa.alert.link or '|'.join(oa.alert.candidates)}"
+                  f"@{oa.alert.estimated_rate:.2%}" for oa in det.active.values()]
         wp = f"{worst[0]} ({a.tb.fabric.port(a.switch, worst[0]).ifname})" if worst else "-"
         lines.append(f"{a.switch:8} {a.pulses:>6} {state:9} {wp:14} {worst[1] if worst else 0:>6.1f}  "
                      + (", ".join(alerts) or "-"))

@@ -24,10 +24,13 @@ class AgentCollector:
         pkts = GaugeMetricFamily("flowpulse_port_pulse_packets", "IPv4 packets on the port in the last pulse",
                                  labels=["switch", "port", "ifname", "direction"])
         score = GaugeMetricFamily("flowpulse_port_deviation_score",
-                                  "Largest deficit z-score of the port over the accumulation windows",
+                                  "Largest CUSUM evidence of the port as a fraction of its threshold (alarm at 1)",
                                   labels=["switch", "port", "ifname"])
-        thresh = GaugeMetricFamily("flowpulse_score_threshold", "z-score that raises an alert on this switch",
+        thresh = GaugeMetricFamily("flowpulse_score_threshold", "Score that raises an alert (always 1)",
                                    labels=["switch"])
+        noise = GaugeMetricFamily("flowpulse_noise_factor",
+                                  "Learned noise factor of a check (variance / its spray-mode form)",
+                                  labels=["switch", "check"])
         active = GaugeMetricFamily("flowpulse_alert_active", "1 while an alert is active",
                                    labels=["switch", "port", "ifname", "link", "kind"])
         rate = GaugeMetricFamily("flowpulse_alert_estimated_rate", "Estimated loss/corruption rate of an active alert",
@@ -41,7 +44,9 @@ class AgentCollector:
             det = a.detector
             pulses.add_metric([sw], a.pulses)
             warming.add_metric([sw], 1.0 if det.warming_up else 0.0)
-            thresh.add_metric([sw], det.z_star())
+            thresh.add_metric([sw], 1.0)
+            for check, phi in det.noise_factors().items():
+                noise.add_metric([sw, check], phi)
             resync.add_metric([sw], a.reader.resyncs)
             busy.add_metric([sw], a.busy_s)
             for kind in ("loss", "corruption"):
@@ -53,12 +58,12 @@ class AgentCollector:
             scores = det.port_scores()
             for p in a.tb.fabric.ports[sw]:
                 score.add_metric([sw, str(p.index), p.ifname], scores.get(p.index, 0.0))
-            for st in det.active.values():
-                al = st["alert"]
+            for oa in list(det.active.values()):
+                al = oa.alert
                 labels = [sw, str(al.port), al.ifname, al.link or "|".join(al.candidates), al.kind]
                 active.add_metric(labels, 1.0)
                 rate.add_metric(labels, al.estimated_rate)
-        yield from (pulses, warming, pkts, score, thresh, active, rate, alerts, resync, busy)
+        yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, busy)
 
 
 def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1") -> CollectorRegistry:

@@ -26,6 +26,7 @@ from netns_testbed.state import Testbed
 
 log = logging.getLogger("flowpulse.agent.reader")
 IP_KINDS = slice(0, 3)
+DATA_KIND = 0
 BAD_KIND = 4
 
 
@@ -99,4 +100,5 @@ class PulseReader:
         ip = pkts[:, :, :, IP_KINDS].sum(axis=3)
         bad = pkts[:, :, :, BAD_KIND].sum(axis=2)
         return PulseCounts(self.switch, pid, ip, bad, start_ns=start_ns, end_ns=last_ns,
-                           start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged)
+                           start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged,
+                           data=pkts[:, :, :, DATA_KIND].copy())

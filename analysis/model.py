@@ -131,53 +131,61 @@ class FabricModel:
         spine_ip = np.zeros((S, L, 2, nsrc), np.int64)
         leaf_bad = np.zeros((L, S + H, 2), np.int64)
         spine_bad = np.zeros((S, L, 2), np.int64)
+        leaf_data = np.zeros_like(leaf_ip)
+        spine_data = np.zeros_like(spine_ip)
         n = len(self.hosts)
         for r in range(n):
             src_h, dst_h = self.hosts[r], self.hosts[(r + 1) % n]
             a, b = self.leaf_of[r], self.leaf_of[(r + 1) % n]
             ja, jb = f.host_slot(src_h), f.host_slot(dst_h)
-            self._flow(a, b, ja, jb, self.pkts, True, leaf_ip, spine_ip, leaf_bad, spine_bad)
+            self._flow(a, b, ja, jb, self.pkts, True, leaf_ip, spine_ip, leaf_bad, spine_bad, leaf_data, spine_data)
             acks = self.rng.binomial(self.pkts, min(1.0, self.spec.ack_ratio)) if self.spec.ack_ratio < 1 else \
                 int(self.pkts * self.spec.ack_ratio)
             self._flow(b, a, jb, ja, acks, False, leaf_ip, spine_ip, leaf_bad, spine_bad)
         self.pulse += 1
         out = {}
         for li, leaf in enumerate(f.leaves):
-            out[leaf] = PulseCounts(leaf, self.pulse, leaf_ip[li], leaf_bad[li], meta={"iter": self.pulse - 1})
+            out[leaf] = PulseCounts(leaf, self.pulse, leaf_ip[li], leaf_bad[li], meta={"iter": self.pulse - 1},
+                                    data=leaf_data[li])
         for si, spine in enumerate(f.spines):
-            out[spine] = PulseCounts(spine, self.pulse, spine_ip[si], spine_bad[si], meta={"iter": self.pulse - 1})
+            out[spine] = PulseCounts(spine, self.pulse, spine_ip[si], spine_bad[si], meta={"iter": self.pulse - 1},
+                                     data=spine_data[si])
         return out
 
     def _flow(self, a: int, b: int, ja: int, jb: int, n: int, reliable: bool,
-              leaf_ip, spine_ip, leaf_bad, spine_bad) -> None:
+              leaf_ip, spine_ip, leaf_bad, spine_bad, leaf_data=None, spine_data=None) -> None:
+        """One flow's packets. ``reliable``: data, resent until delivered, and counted in ``*_data`` too."""
         S = self.fabric.spec.spines
         src = a + 1
         hp_a, hp_b = S + ja, S + jb
+        ips = [(leaf_ip, spine_ip)] + ([(leaf_data, spine_data)] if reliable and leaf_data is not None else [])
         if a == b:
-            leaf_ip[a, hp_a, 0, src] += n
-            leaf_ip[a, hp_b, 1, src] += n
+            for lc, _ in ips:
+                lc[a, hp_a, 0, src] += n
+                lc[a, hp_b, 1, src] += n
             return
         w = self.shares[a, b]
         pending = n
         for _ in range(50):
             if pending <= 0:
                 break
-            leaf_ip[a, hp_a, 0, src] += pending           # host -> leaf (retransmissions included)
             c = self._split(pending, w)
-            leaf_ip[a, :S, 1, src] += c                    # leaf a uplinks out
             lost_up = self.rng.binomial(c, self.up_loss[a])
             bad_up = self.rng.binomial(c - lost_up, self.up_bad[a])
             at_spine = c - lost_up - bad_up
             spine_bad[np.arange(S), a, 0] += bad_up
-            spine_ip[np.arange(S), a, 0, src] += at_spine  # spine in from leaf a
-            spine_ip[np.arange(S), b, 1, src] += at_spine  # spine out to leaf b
             lost_dn = self.rng.binomial(at_spine, self.down_loss[:, b])
             bad_dn = self.rng.binomial(at_spine - lost_dn, self.down_bad[:, b])
             arrived = at_spine - lost_dn - bad_dn
             leaf_bad[b, :S, 0] += bad_dn
-            leaf_ip[b, :S, 0, src] += arrived              # leaf b uplinks in
             got = int(arrived.sum())
-            leaf_ip[b, hp_b, 1, src] += got                # leaf b -> host
+            for lc, sc in ips:
+                lc[a, hp_a, 0, src] += pending           # host -> leaf (retransmissions included)
+                lc[a, :S, 1, src] += c                    # leaf a uplinks out
+                sc[np.arange(S), a, 0, src] += at_spine   # spine in from leaf a
+                sc[np.arange(S), b, 1, src] += at_spine   # spine out to leaf b
+                lc[b, :S, 0, src] += arrived              # leaf b uplinks in
+                lc[b, hp_b, 1, src] += got                # leaf b -> host
             pending = (pending - got) if reliable else 0
 
 

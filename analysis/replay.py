@@ -7,7 +7,6 @@ live agent: only the source of PulseCounts differs.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from agent.detector import DetectorConfig, SwitchDetector
@@ -15,18 +14,18 @@ from agent.pulse import PulseCounts
 from analysis.localize import incidents as make_incidents
 from analysis.scoring import detection_summary
 from flowpulse.errors import SpecError
-from netns_testbed.topo import Fabric, FabricSpec
+from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
 
 def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: DetectorConfig,
-                  weights: dict | None = None, oos_texts: list[str] | None = None,
+                  spray: SprayMode, weights: dict | None = None, oos_texts: list[str] | None = None,
                   degraded: list[str] | None = None) -> list[dict]:
     """Each switch's detector over its own pulses; events in time order."""
     oos = [l for t in oos_texts or [] for l in fabric.parse_links(t)]
     deg = [l for t in degraded or [] for l in fabric.parse_links(t)]
     events = []
     for sw, seq in pulses.items():
-        det = SwitchDetector(fabric, sw, cfg, weights, oos, deg)
+        det = SwitchDetector(fabric, sw, cfg, spray, weights, oos, deg)
         for pc in seq:
             for a in det.observe(pc):
                 d = a.to_dict()
@@ -38,18 +37,20 @@ def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: Det
 
 def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = None) -> dict:
     path = Path(path)
-    if (path / "pulses.csv").exists():
+    from analysis.traces import is_trace
+
+    if is_trace(path):
         return _replay_trace(path, cfg, degraded)
     if not (path / "report.json").exists():
-        raise SpecError(f"{path} holds neither a run (report.json) nor a recorded trace (pulses.csv)")
+        raise SpecError(f"{path} holds neither a run (report.json) nor a recorded trace (pulses.csv[.gz])")
     from analysis.experiment import load_pulses, report_alerts
 
     report = json.loads((path / "report.json").read_text())
     spec = report["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
-    cfg = DetectorConfig(**{**asdict(cfg), "spray": spec["spray"]}).validate()
     pulses = load_pulses(path / "pulses")
-    events = run_detectors(fabric, pulses, cfg, None, spec.get("out_of_service"), degraded)
+    events = run_detectors(fabric, pulses, cfg, SprayMode.parse(spec["spray"]), None, spec.get("out_of_service"),
+                           degraded)
     alerts = report_alerts(events)
     applied = [f for f in report["faults"] if f.get("start")]
     incs = make_incidents(fabric, events, pulses)
@@ -62,8 +63,7 @@ def _replay_trace(path: Path, cfg: DetectorConfig, degraded: list[str] | None) -
     from analysis.traces import load_trace
 
     tr = load_trace(path)
-    cfg = DetectorConfig(**{**asdict(cfg), "spray": tr.spray}).validate()
-    events = run_detectors(tr.fabric, tr.pulses, cfg, degraded=degraded)
+    events = run_detectors(tr.fabric, tr.pulses, cfg, SprayMode.parse(tr.spray), degraded=degraded)
     det = None
     if tr.fault_link:
         rel = [e for e in events if e["event"] == "alert" and (e.get("iteration") or 0) >= tr.fault_iter

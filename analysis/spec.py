@@ -7,7 +7,7 @@ A YAML spec mirrors the flags::
     workload: {kind: allreduce, size: 4MiB, iterations: 30, idle_ms: 300}
     out_of_service: ["leaf0<->spine3"]
     faults: ["leaf1->spine2:drop=0.01@iter=10", "spine0->leaf3:corrupt=0.015@t=12.5"]
-    detector: {model: analytic, alpha: 1.0e-6}
+    detector: {model: analytic, fa_per_day: 1}
     seed: 1
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ class ExperimentSpec:
         n = self.job.ranks or len(fabric.hosts)
         if not 2 <= n <= len(fabric.hosts):
             raise SpecError(f"bad rank count {n}: this fabric has {len(fabric.hosts)} hosts")
-        self.detector = DetectorConfig(**{**asdict(self.detector), "spray": self.spray}).validate()
+        self.detector = self.detector.validate()
         return self
 
     def up_options(self) -> UpOptions:
@@ -106,7 +106,7 @@ class ExperimentSpec:
     def to_dict(self) -> dict:
         return {"fabric": self.fabric.to_dict(), "spray": self.spray, "gap_ms": self.gap_ms,
                 "workload": asdict(self.job), "out_of_service": self.out_of_service,
-                "faults": [f.text for f in self.faults], "detector": asdict(self.detector),
+                "faults": [f.text for f in self.faults], "detector": self.detector.to_dict(),
                 "seed": self.seed, "prefix": self.prefix}
 
 
@@ -150,7 +150,10 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
         job_args["size"] = parse_size(job_args["size"])
     try:
         job = JobSpec(**job_args, seed=int(data.get("seed", 0)))
-        det = DetectorConfig(**(data.get("detector") or {}))
+        det_data = data.get("detector") or {}
+        if not isinstance(det_data, dict):
+            raise SpecError("detector must be a mapping, e.g. {model: analytic, fa_per_day: 1}")
+        det = DetectorConfig.from_dict(det_data)
     except TypeError as e:
         raise SpecError(f"bad spec: {e}") from None
     spec = ExperimentSpec(fabric=fabric, spray=data.get("spray", "rrdst"), gap_ms=float(data.get("gap_ms", 50.0)),

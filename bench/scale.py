@@ -42,7 +42,7 @@ def trial(spines: int, spray: str, rate: float, seed: int, size: int, onset: int
     fab = Fabric(fabric)
     link = rng.choice(fab.fabric_links()).name
     model = FabricModel(ModelSpec(fabric=fabric, size=size, spray=spray, mss=mss, seed=seed))
-    dets = {sw: SwitchDetector(fab, sw, DetectorConfig(spray=spray, warmup=8, max_window=64))
+    dets = {sw: SwitchDetector(fab, sw, DetectorConfig(), spray)
             for sw in fab.switches}
     events = []
     pulses = {sw: [] for sw in fab.switches}

@@ -12,11 +12,13 @@ from flowpulse.cli import Formatter, add_common
 
 def add_detector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("analytic", "learned"), default="analytic",
-                   help="expected spray shares from the fabric model (analytic) or from healthy pulses (learned)")
-    p.add_argument("--alpha", type=float, default=1e-6, help="false-alarm probability per switch per pulse")
-    p.add_argument("--max-window", type=int, default=256, help="longest evidence window, pulses")
-    p.add_argument("--warmup", type=int, default=12, help="healthy pulses to learn the noise before judging")
-    p.add_argument("--min-rate", type=float, default=0.001, help="ignore estimated loss rates below this")
+                   help="expected spray shares from the fabric model (analytic, judges from the first pulse) "
+                        "or measured in the first pulses and checked against it (learned)")
+    p.add_argument("--fa-per-day", type=float, default=1.0,
+                   help="false-alert budget: false alerts per day for the whole fabric (default 1)")
+    p.add_argument("--pulse-hz", type=float, default=1.0,
+                   help="pulses (training iterations) per second per switch, for the budget (default 1)")
+    p.add_argument("--min-rate", type=float, default=0.001, help="do not raise alarms whose estimated rate is below this")
     p.add_argument("--degraded", action="append", default=[], metavar="LINK",
                    help="a link known to be lossy: excluded from the tests (repeatable)")
 
@@ -24,7 +26,7 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
 def detector_config(args: argparse.Namespace):
     from agent.detector import DetectorConfig
 
-    return DetectorConfig(model=args.model, alpha=args.alpha, max_window=args.max_window, warmup=args.warmup,
+    return DetectorConfig(model=args.model, fa_per_day=args.fa_per_day, pulse_hz=args.pulse_hz,
                           min_rate=args.min_rate).validate()
 
 

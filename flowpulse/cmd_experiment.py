@@ -43,9 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=cmd_report)
 
     rp = sub.add_parser("replay", help="run the detector offline on a run's recorded counters", formatter_class=Formatter,
-                        epilog="examples:\n  flowpulse replay runs/x --alpha 1e-9 --max-window 16\n"
-                               "  flowpulse replay ../shared/data/pulse-traces/f1_rrdst --model learned\n")
-    rp.add_argument("run", type=Path, help="a run directory, or a recorded pulse-trace directory (pulses.csv)")
+                        epilog="examples:\n  flowpulse replay runs/x --fa-per-day 0.01\n"
+                               "  flowpulse replay tests/data/pulse-traces/f1_rrdst --model learned\n")
+    rp.add_argument("run", type=Path, help="a run directory, or a recorded pulse-trace directory (pulses.csv or pulses.csv.gz)")
     add_detector_args(rp)
     add_common(rp, prefix=False)
     rp.set_defaults(func=cmd_replay)
@@ -66,7 +66,8 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-of-service", action="append", default=None, metavar="LINK")
     p.add_argument("--fault", action="append", default=None, metavar="FAULT")
     p.add_argument("--model", choices=("analytic", "learned"))
-    p.add_argument("--alpha", type=float)
+    p.add_argument("--fa-per-day", type=float, help="false-alert budget of the fabric per day (default 1)")
+    p.add_argument("--pulse-hz", type=float, help="pulses per second per switch, for the budget (default 1)")
     p.add_argument("--out", type=Path, required=True, help="run directory")
     p.add_argument("--no-plots", action="store_true")
     add_common(p)
@@ -95,7 +96,7 @@ def spec_from_args(args: argparse.Namespace):
     if args.fault is not None:
         data["faults"] = args.fault
     det = dict(data.get("detector") or {})
-    for flag in ("model", "alpha"):
+    for flag in ("model", "fa_per_day", "pulse_hz"):
         if getattr(args, flag, None) is not None:
             det[flag] = getattr(args, flag)
     data["detector"] = det
@@ -181,7 +182,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     emit(args, res, lambda r: "\n".join(
         [f"replayed {r['pulses']} switch-pulses from {args.run} (spray {r['spray']}, model {args.model})"]
         + [f"  {a['event']:8} {a['switch']} port {a['port']} ({a['ifname']}) {a['kind']} ~{a['estimated_rate']:.2%} "
-           f"z={a['score']:.1f} window={a['window']} link={a['link'] or ' / '.join(a['candidates'])}"
+           f"score={a['score']:.1f} window={a['window']} link={a['link'] or ' / '.join(a['candidates'])}"
            + (f" (iteration {a['iteration']})" if a.get("iteration") is not None else "")
            for a in r["events"] if a["event"] != "update"]
         + [f"detection: {json.dumps(r['detection'])}" if r.get("detection") else ""]))

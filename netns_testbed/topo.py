@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Iterable
 
 from flowpulse.errors import SpecError
@@ -36,7 +37,31 @@ MAX_SPINES = 64
 MAX_HOSTS_PER_LEAF = 16
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 NODE_RE = re.compile(r"^(h|leaf|spine)(\d+)$")
-SPRAY_MODES = ("random", "rr", "rrdst")
+
+
+class SprayMode(str, Enum):
+    """How a leaf picks the uplink of each packet (what the datapath implements).
+
+    A ``str`` enum: it compares equal to its name, so state files and flags keep
+    plain strings; code that decides by mode takes the enum.
+    """
+
+    RANDOM = "random"   # uniform random uplink per packet: multinomial split
+    RR = "rr"           # round-robin, one rotation per CPU shared by all destinations
+    RRDST = "rrdst"     # round-robin per (CPU, destination leaf): exact per-destination split
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, text: "str | SprayMode") -> "SprayMode":
+        try:
+            return cls(text)
+        except ValueError:
+            raise SpecError(f"unknown spray mode {text!r}: choose one of {', '.join(m.value for m in cls)}") from None
+
+
+SPRAY_MODES = tuple(m.value for m in SprayMode)
 SPRAY_MODE_HELP = {
     "random": "uniform random uplink per packet",
     "rr": "round-robin, one rotation per CPU",

@@ -1,152 +1,278 @@
-"""The detector on synthetic counter streams with known truth (analysis/model.py)."""
+"""The detector against streams with known truth.
+
+Synthetic leaf streams (tests/synthetic.py) have exactly the detector's noise
+model, so they test the statistics: the realised false-alarm rate against the
+budget, and detection delays against the optimal CUSUM. Counter-model streams
+(analysis/model.py: spraying, retransmissions, ACKs, every switch) test the
+behaviour: onset anywhere, job changes, repair, restart, the learned model.
+"""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
-from agent.detector import DetectorConfig, SwitchDetector, pulses_needed
-from analysis.model import FabricModel, ModelSpec, simulate
-from netns_testbed.topo import Fabric, FabricSpec
+from agent.detector import DetectorConfig, Model, SwitchDetector
+from agent.detector.arl import arl_brook_evans, thresholds
+from agent.detector.checks import peer_prior
+from agent.pulse import PulseCounts
+from analysis.model import FabricModel, ModelSpec
+from netns_testbed.topo import Fabric, FabricSpec, SprayMode
+from tests.synthetic import FABRIC, leaf_pulses, unit_variance
 
 MiB = 1 << 20
+RR, RRDST, RANDOM = SprayMode.RR, SprayMode.RRDST, SprayMode.RANDOM
 
 
-def run(spec: ModelSpec, pulses: int, fault_from: int, cfg: DetectorConfig, switches=None, degraded=()):
-    streams = simulate(spec, pulses, fault_from)
-    fabric = Fabric(spec.fabric)
-    oos = [l for t in spec.out_of_service for l in fabric.parse_links(t)]
-    deg = [l for t in degraded for l in fabric.parse_links(t)]
-    dets = {sw: SwitchDetector(fabric, sw, cfg, spec.weights, oos, deg) for sw in switches or fabric.switches}
-    events, significant = [], {sw: 0 for sw in dets}
-    for i in range(pulses):
-        for sw, det in dets.items():
-            for a in det.observe(streams[sw][i]):
-                events.append((i, a))
-            significant[sw] += det.significant
-    return events, significant, dets
+# -- statistics on synthetic streams ---------------------------------------------------------
+@pytest.mark.parametrize("spray", [RANDOM, RR, RRDST])
+def test_false_alarm_rate_matches_the_budget(spray):
+    """100,000 healthy switch-pulses at a budget of 1e-3 false alarms per switch-pulse:
+    the realised rate (alert events per pulse) lies within a factor of 2 of the design.
+    (Bonferroni over a bank of correlated CUSUMs is conservative; measured 0.68-1.1.)"""
+    alpha, pulses, n = 1e-3, 100_000, 10_000
+    cfg = DetectorConfig(fa_per_day=alpha * 86400, switches=1, rotations=2)
+    det = SwitchDetector(FABRIC, "leaf0", cfg, spray)
+    assert det.alpha == pytest.approx(alpha)
+    rng = np.random.default_rng(2)
+    alerts = 0
+    for _ in range(10):
+        for pc in leaf_pulses(spray, peer_prior(spray, n), n, pulses // 10, rng):
+            alerts += sum(a.event == "alert" for a in det.observe(pc))
+    rate = alerts / pulses
+    assert alpha / 2 <= rate <= 2 * alpha, (spray, rate)
 
 
-def first_alert(events, link):
-    for i, a in events:
-        if a.event == "alert" and (a.link == link or link in a.candidates):
-            return i, a
-    return None, None
+@pytest.mark.parametrize("spray,n,p", [(RR, 10_000, 0.01), (RR, 10_000, 0.005), (RANDOM, 160_000, 0.01),
+                                       (RANDOM, 160_000, 0.005), (RANDOM, 10_000, 0.015), (RRDST, 10_000, 0.0025)])
+def test_delay_within_1_2_of_cusum_theory(spray, n, p):
+    """Mean pulses to detect a loss p on one source's traffic through uplink 1, against theory.
+
+    Theory: the optimal test for this one alternative, a CUSUM tuned to the true shift
+    theta = p w (1 - w) n / sqrt(V) with known variance V, at the same per-switch false-alarm
+    rate (threshold for ARL0 = cells / alpha). Its delay is the Brook-Evans zero-start ARL
+    with x ~ N(theta, 1 + mu (1 - w) / V) (the loss itself adds binomial noise, mu = p w (1-w) n).
+    The detector's bank over fixed magnitudes and its Bonferroni split may cost up to 20%."""
+    cfg = DetectorConfig(rotations=2)
+    phi = peer_prior(spray, n)
+    wq = 0.25 * 0.75
+    var = phi * unit_variance(spray, n, 2)
+    mu = p * wq * n
+    theta = mu / math.sqrt(var)
+    rng = np.random.default_rng(7)
+    delays = []
+    for _ in range(150):
+        det = SwitchDetector(FABRIC, "leaf0", cfg, spray)
+        for i, pc in enumerate(leaf_pulses(spray, phi, n, 2000, rng, fault=(1, p, 0))):
+            if any(a.event == "alert" for a in det.observe(pc)):
+                delays.append(i + 1)
+                break
+    assert len(delays) == 150
+    h = float(thresholds(np.array([theta]), math.log(12) - math.log(det.alpha))[0])
+    theory = arl_brook_evans(theta, h, shift=theta, sd=math.sqrt(1 + mu * 0.75 / var))
+    assert np.mean(delays) <= 1.2 * theory, (np.mean(delays), theory)
 
 
-@pytest.mark.parametrize("spray,alpha", [("random", 0.02), ("rrdst", 0.02), ("rr", 0.02)])
-def test_false_alarms_within_configured_rate(spray, alpha):
-    """Healthy streams: pulses with any significant test <= alpha per switch (Bonferroni bound)."""
-    pulses, warm = 300, 12
-    cfg = DetectorConfig(spray=spray, alpha=alpha, warmup=warm, max_window=64, spine_tests=False)
-    _, significant, _ = run(ModelSpec(spray=spray, seed=11), pulses, pulses, cfg,
-                            switches=["leaf0", "leaf1", "leaf2", "leaf3"])
-    judged = 4 * (pulses - warm)
-    rate = sum(significant.values()) / judged
-    # allowed: alpha plus 3 binomial standard errors
-    assert rate <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / judged), (rate, significant)
-
-
-def test_zero_false_alarms_at_default_alpha():
-    events, _, _ = run(ModelSpec(spray="rrdst", seed=3), 400, 400, DetectorConfig())
-    assert [a for _, a in events] == []
-
-
-@pytest.mark.parametrize("spray,size,rate", [("rrdst", 4 * MiB, 0.01), ("rrdst", 4 * MiB, 0.005),
-                                             ("rr", 4 * MiB, 0.01), ("random", 64 * MiB, 0.01)])
-def test_loss_caught_within_the_formula(spray, size, rate):
-    """A loss on spine1->leaf2 is caught within the pulses the statistics allow, named by its candidates."""
-    warm, onset = 12, 20
-    cfg = DetectorConfig(spray=spray, warmup=warm)
-    spec = ModelSpec(spray=spray, size=size, seed=5, faults={"spine1->leaf2": rate})
+# -- behaviour on counter-model streams ---------------------------------------------------------
+def detectors(spec: ModelSpec, cfg: DetectorConfig | None = None, degraded=()) -> tuple[FabricModel, dict]:
     model = FabricModel(spec)
-    w, n = 0.25, model.pkts                         # leaf2 gets leaf1's ring traffic over 4 spines
-    deficit = rate * w * (1 - w) * n
-    # null variance per pulse: multinomial for random; rr/rrdst: the learned one (checked below)
-    events, _, dets = run(spec, onset + 300, onset, cfg, switches=["leaf2"])
-    det = dets["leaf2"]
-    assert ("peer", 1, 2) in det.cells      # leaf1's traffic on uplink 1 is under test
-    var = n * w * (1 - w) if spray == "random" else max(cfg.min_var, det._var_per_pkt(2) * n * cfg.var_inflation)
-    k = pulses_needed(deficit, var, det.z_star())
-    window = 1 << math.ceil(math.log2(k))          # the first power-of-two window that holds k pulses
-    i, a = first_alert(events, "spine1->leaf2")
-    assert a is not None, f"not caught; formula said {k} pulses"
-    assert i - onset + 1 <= window, (i - onset + 1, k, window)
-    assert set(a.candidates) == {"spine1->leaf2", "leaf1->spine1"}
-    assert a.switch == "leaf2" and a.port == 1 and a.ifname == "spine1"
-    lo, hi = a.rate_ci
-    assert abs(a.estimated_rate - rate) < 0.5 * rate or lo <= rate <= hi
+    fab = model.fabric
+    oos = [l for t in spec.out_of_service for l in fab.parse_links(t)]
+    deg = [l for t in degraded for l in fab.parse_links(t)]
+    return model, {sw: SwitchDetector(fab, sw, cfg or DetectorConfig(), spec.spray, spec.weights, oos, deg)
+                   for sw in fab.switches}
 
 
-def test_formula_numbers_stated_in_the_notes():
-    # random spraying, 4 MiB over 4 spines: n ~ 10,140 packets per source leaf per pulse
-    n, w = 10140, 0.25
-    z = 5.7
-    k_random = pulses_needed(0.01 * w * (1 - w) * n, n * w * (1 - w), z)
-    assert 150 < k_random < 400          # hundreds of iterations: the multinomial limit
-    k_rrdst = pulses_needed(0.01 * w * (1 - w) * n, 1.0, z)
-    assert k_rrdst == 1                  # one iteration with an exact split
-    # 16x the message size -> 16x fewer pulses under random spraying
-    assert pulses_needed(0.01 * w * (1 - w) * 16 * n, 16 * n * w * (1 - w), z) == math.ceil(k_random / 16)
+def step(model: FabricModel, dets: dict, i: int, events: list) -> None:
+    for sw, pc in model.step().items():
+        for a in dets[sw].observe(pc):
+            events.append((i, a))
 
 
-def test_corruption_names_the_link():
+def run(spec: ModelSpec, pulses: int, onset: int, repair: int | None = None, cfg=None, degraded=()):
+    """The spec's faults switch on before pulse ``onset`` (and off before ``repair``)."""
+    model, dets = detectors(spec, cfg, degraded)
+    model.set_faults({}, {})
+    events: list = []
+    for i in range(pulses):
+        if i == onset:
+            model.set_faults(spec.faults, spec.corrupt)
+        if i == repair:
+            model.set_faults({}, {})
+        step(model, dets, i, events)
+    return events, dets
+
+
+def alerts(events, link=None):
+    return [(i, a) for i, a in events if a.event == "alert" and (link is None or link in a.candidates)]
+
+
+@pytest.mark.parametrize("onset", [0, 2, 200])
+@pytest.mark.parametrize("link", ["spine1->leaf2", "leaf3->spine0"])
+def test_rrdst_loss_caught_in_the_first_faulty_pulse_whatever_the_onset(onset, link):
+    """Before the detectors' first pulse, during their first pulses, after 200 healthy ones."""
+    spec = ModelSpec(spray="rrdst", seed=onset + 1, faults={link: 0.01})
+    events, _ = run(spec, onset + 6, onset)
+    hits = alerts(events, link)
+    assert hits and hits[0][0] == onset, hits[:2]
+    assert all(link in a.candidates for _, a in alerts(events)), [(i, a.switch, a.candidates) for i, a in events]
+
+
+@pytest.mark.parametrize("onset", [0, 3, 120])
+def test_corruption_caught_in_the_first_pulse_that_carries_it(onset):
     spec = ModelSpec(spray="rrdst", seed=2, corrupt={"leaf0->spine3": 0.015})
-    events, _, _ = run(spec, 30, 15, DetectorConfig())
-    i, a = first_alert(events, "leaf0->spine3")
-    assert a is not None and i == 15
-    corr = [a for _, a in events if a.kind == "corruption"]
-    assert corr and corr[0].link == "leaf0->spine3" and corr[0].switch == "spine3"
-    assert all(x.link == "leaf0->spine3" or "leaf0->spine3" in x.candidates for _, x in events if x.event == "alert")
+    events, _ = run(spec, onset + 4, onset)
+    corr = [(i, a) for i, a in events if a.event == "alert" and a.kind == "corruption"]
+    assert corr and corr[0][0] == onset
+    assert corr[0][1].link == "leaf0->spine3" and corr[0][1].switch == "spine3"
+
+
+@pytest.mark.parametrize("spray,size,rate,budget,at_start", [
+    ("rrdst", 4 * MiB, 0.005, 2, 2), ("rr", 4 * MiB, 0.01, 3, 12), ("rr", 4 * MiB, 0.005, 10, 40),
+    ("random", 64 * MiB, 0.01, 16, 16)])
+@pytest.mark.parametrize("onset", [0, 150])
+def test_targets_any_onset(spray, size, rate, budget, at_start, onset):
+    """The issue's targets on the default fabric: caught within ``budget`` faulty pulses.
+
+    rr before anything was learned (onset 0) is bounded by its prior noise factor (5x the recorded
+    one: theta 1.9 per pulse at 1%, CUSUM theory ~8 pulses; 0.97 at 0.5%, ~30): ``at_start``.
+    Random spraying at 64 MiB, 1%: the optimal CUSUM at this budget (1 false alert a day for the
+    8 switches at 1 pulse/s) needs 10.3 pulses on average (test_delay_within_1_2_of_cusum_theory
+    measures the mean); one run is held to 16."""
+    spec = ModelSpec(spray=spray, size=size, seed=11, faults={"spine2->leaf1": rate})
+    allowed = budget if onset else at_start
+    events, _ = run(spec, onset + allowed, onset)
+    hits = alerts(events, "spine2->leaf1")
+    assert hits, f"{spray} {rate} not caught within {allowed} pulses of onset {onset}"
+    assert not [a for i, a in alerts(events) if i < onset]
+
+
+def test_learning_is_not_poisoned_by_a_fault_present_from_the_start():
+    """rr, 0.5% from the first pulse: the noise factor learned meanwhile stays near the healthy one."""
+    healthy, _ = None, None
+    spec = ModelSpec(spray="rr", seed=4, faults={"spine1->leaf2": 0.005})
+    _, dets_h = run(ModelSpec(spray="rr", seed=4), 120, 999)
+    events, dets_f = run(spec, 120, 0)
+    assert alerts(events, "spine1->leaf2")
+    phi_h = dets_h["leaf2"].checks[0].noise.phis
+    phi_f = dets_f["leaf2"].checks[0].noise.phis
+    assert phi_f.max() <= 1.5 * max(phi_h.max(), 1e-9), (phi_h, phi_f)
+
+
+def test_job_changes_raise_nothing_and_a_fault_in_the_last_job_is_caught():
+    """One set of detectors over successive jobs: sizes 1-64 MiB, 4 and 8 ranks (leaves going idle
+    and coming back), every spray mode's noise; then a 1% loss in the last job."""
+    cfg = DetectorConfig()
+    fab = Fabric(FabricSpec())
+    dets = {sw: SwitchDetector(fab, sw, cfg, "rrdst") for sw in fab.switches}
+    events: list = []
+    jobs = [(4 * MiB, 8), (16 * MiB, 8), (1 * MiB, 4), (64 * MiB, 8), (2 * MiB, 2), (4 * MiB, 6), (4 * MiB, 8)]
+    i = 0
+    for j, (size, ranks) in enumerate(jobs):
+        last = j == len(jobs) - 1
+        model = FabricModel(ModelSpec(spray="rrdst", size=size, ranks=ranks, seed=j))
+        for k in range(40):
+            if last and k == 20:
+                model.set_faults({"leaf1->spine3": 0.01})
+            step(model, dets, i, events)
+            i += 1
+    onset = i - 20
+    false = [(n, a.switch, a.candidates) for n, a in alerts(events) if n < onset]
+    assert false == []
+    hits = alerts(events, "leaf1->spine3")
+    assert hits and hits[0][0] == onset
+
+
+@pytest.mark.parametrize("spray,kind", [("rrdst", "drop"), ("rr", "drop"), ("rrdst", "corrupt")])
+def test_alert_resolves_within_10_pulses_of_the_repair(spray, kind):
+    faults = {"spine1->leaf2": 0.01} if kind == "drop" else {}
+    corrupt = {"leaf2->spine1": 0.015} if kind == "corrupt" else {}
+    spec = ModelSpec(spray=spray, seed=5, faults=faults, corrupt=corrupt)
+    events, dets = run(spec, 100, 20, repair=60)
+    opened = {a.alert_id for _, a in alerts(events)}
+    resolved = {a.alert_id: i for i, a in events if a.event == "resolved"}
+    assert opened and set(resolved) == opened
+    assert all(60 <= i < 70 for i in resolved.values()), resolved
+    assert all(not d.active for d in dets.values())
+
+
+def test_a_restarted_detector_continues_from_its_saved_state():
+    """Random spraying at 64 MiB needs several pulses of evidence: a detector restarted in the
+    middle (state saved, JSON round trip, loaded) alerts when the uninterrupted one does."""
+    spec = ModelSpec(spray="random", size=64 * MiB, seed=3, faults={"spine0->leaf1": 0.01})
+    model = FabricModel(spec)
+    pulses = [model.step()["leaf1"] for _ in range(40)]
+    cfg = DetectorConfig()
+
+    def first_alert(det, seq, start):
+        for i, pc in enumerate(seq, start):
+            if any(a.event == "alert" for a in det.observe(pc)):
+                return i
+        return None
+
+    whole = first_alert(SwitchDetector(model.fabric, "leaf1", cfg, "random"), pulses, 0)
+    assert whole is not None and whole > 3
+    first = SwitchDetector(model.fabric, "leaf1", cfg, "random")
+    assert first_alert(first, pulses[:3], 0) is None
+    saved = json.loads(json.dumps(first.state()))
+    second = SwitchDetector(model.fabric, "leaf1", cfg, "random")
+    second.load_state(saved)
+    assert first_alert(second, pulses[3:], 3) == whole
+    with pytest.raises(ValueError):
+        SwitchDetector(model.fabric, "leaf2", cfg, "random").load_state(saved)
+
+
+def test_learned_model_reports_asymmetry_present_at_start_then_catches_a_new_fault():
+    """Weights the detector is not told make the start asymmetric: the learned model says so (one
+    'asymmetry' alert), then judges against what it measured and still catches a new loss."""
+    spec = ModelSpec(spray="rrdst", seed=8, weights={"leaf1->spine0": 2.0}, faults={"spine2->leaf2": 0.01})
+    model = FabricModel(spec)
+    model.set_faults({})                      # the loss starts at pulse 40
+    det = SwitchDetector(model.fabric, "leaf2", DetectorConfig(model=Model.LEARNED), "rrdst")
+    events = []
+    for i in range(60):
+        if i == 40:
+            model.set_faults(spec.faults)
+        events += [(i, a) for a in det.observe(model.step()["leaf2"]) if a.event == "alert"]
+    asym = [a for _, a in events if a.kind == "asymmetry"]
+    assert asym and {a.port for a in asym} <= {1, 2, 3} and all(i < 40 for i, a in events if a.kind == "asymmetry")
+    loss = [(i, a) for i, a in events if a.kind == "loss"]
+    assert loss and loss[0][0] == 40 and loss[0][1].port == 2
 
 
 def test_known_out_of_service_is_silent_and_new_fault_caught():
     spec = ModelSpec(spray="rrdst", seed=4, out_of_service=["leaf1<->spine2"], faults={"spine0->leaf3": 0.01})
-    events, _, _ = run(spec, 40, 20, DetectorConfig())
-    alerts = [a for _, a in events if a.event == "alert"]
-    assert alerts, "new fault missed"
-    assert all("spine0->leaf3" in a.candidates for a in alerts), [(a.switch, a.candidates) for a in alerts]
-    assert all(a.port != 2 or not a.switch == "leaf1" for a in alerts)
+    events, _ = run(spec, 60, 30)
+    hits = alerts(events)
+    assert hits and hits[0][0] == 30
+    assert all("spine0->leaf3" in a.candidates for _, a in hits), [(a.switch, a.candidates) for _, a in hits]
 
 
 def test_declared_degraded_link_not_tested():
     spec = ModelSpec(spray="rrdst", seed=6, faults={"spine1->leaf2": 0.02})
-    events, _, _ = run(spec, 40, 0, DetectorConfig(), degraded=["spine1->leaf2"])
+    events, _ = run(spec, 40, 0, degraded=["spine1->leaf2"])
     assert [a for _, a in events if "spine1->leaf2" in a.candidates] == []
 
 
-def test_learned_model_needs_no_shares_and_catches():
-    spec = ModelSpec(spray="rrdst", seed=8, weights={"leaf1->spine0": 2.0}, faults={"spine2->leaf2": 0.01})
-    # the learned model is not told the weights; it measures the shares
-    fabric = Fabric(spec.fabric)
-    streams = simulate(spec, 40, 20)
-    det = SwitchDetector(fabric, "leaf2", DetectorConfig(model="learned"))
-    alerts = [(i, a) for i in range(40) for a in det.observe(streams["leaf2"][i]) if a.event == "alert"]
-    assert alerts and alerts[0][0] in (20, 21) and alerts[0][1].port == 2
-
-
 def test_noise_pulses_ignored_and_one_alert_per_fault():
-    fabric = Fabric(FabricSpec())
-    det = SwitchDetector(fabric, "leaf2", DetectorConfig())
-    streams = simulate(ModelSpec(seed=9, faults={"spine3->leaf2": 0.05}), 60, 15)
-    from agent.pulse import PulseCounts
-
+    model, dets = detectors(ModelSpec(seed=9))
+    det = dets["leaf2"]
     noise = PulseCounts("leaf2", 0, np.zeros((6, 2, 6), np.int64), np.zeros((6, 2), np.int64))
     noise.ip[0, 0, 0] = 3  # a few pings
     events = []
-    for pc in streams["leaf2"]:
-        events += det.observe(pc)
+    for i in range(60):
+        if i == 15:
+            model.set_faults({"spine3->leaf2": 0.05})
+        events += det.observe(model.step()["leaf2"])
         events += det.observe(noise)
     assert sum(1 for a in events if a.event == "alert") == 1
     assert det.pulses_used == 60
 
 
 def test_pulse_shape_mismatch_is_an_error():
-    fabric = Fabric(FabricSpec())
-    det = SwitchDetector(fabric, "leaf0", DetectorConfig())
-    from agent.pulse import PulseCounts
-
+    det = SwitchDetector(Fabric(FabricSpec()), "leaf0", DetectorConfig())
     with pytest.raises(ValueError, match="ports"):
         det.observe(PulseCounts("leaf0", 1, np.zeros((3, 2, 6), np.int64), np.zeros((3, 2), np.int64)))
 
@@ -154,6 +280,16 @@ def test_pulse_shape_mismatch_is_an_error():
 def test_bad_config():
     from flowpulse.errors import SpecError
 
-    for kw in (dict(model="magic"), dict(alpha=0), dict(alpha=2), dict(spray="x"), dict(warmup=1)):
+    for kw in (dict(model="magic"), dict(fa_per_day=0), dict(fa_per_day=float("nan")), dict(pulse_hz=-1),
+               dict(magnitudes=()), dict(magnitudes=(0.01, 1.5)), dict(quiet_level=1.0), dict(certify_lag=0),
+               dict(switches=0), dict(min_rate=float("inf"))):
         with pytest.raises(SpecError):
             DetectorConfig(**kw).validate()
+    with pytest.raises(SpecError, match="unknown detector setting"):
+        DetectorConfig.from_dict({"alpha": 1e-6})
+
+
+def test_budget_is_stated_per_fabric_and_day():
+    cfg = DetectorConfig(fa_per_day=1.0, pulse_hz=2.0)
+    assert cfg.alpha(8) == pytest.approx(1 / (86400 * 2 * 8))
+    assert DetectorConfig(switches=96).alpha(8) == pytest.approx(1 / (86400 * 96))

@@ -6,7 +6,7 @@ import pytest
 
 from analysis.model import FabricModel, ModelSpec, simulate
 from analysis.traces import load_trace
-from tests.test_traces import TRACES, needs_traces
+from tests.conftest import TRACES
 
 
 def uplink_residuals(pulses, leaf="leaf2") -> np.ndarray:
@@ -20,7 +20,6 @@ def uplink_residuals(pulses, leaf="leaf2") -> np.ndarray:
     return np.array(out)
 
 
-@needs_traces
 @pytest.mark.parametrize("mode,tolerance", [("random", 0.25), ("rr", 0.25), ("rrdst", 1.0)])
 def test_healthy_spread_matches_recordings(mode, tolerance):
     """sd of the per-port deviation: model within the tolerance of the recorded value
@@ -31,7 +30,6 @@ def test_healthy_spread_matches_recordings(mode, tolerance):
     assert sim >= 0.9 * rec
 
 
-@needs_traces
 @pytest.mark.parametrize("mode", ["rr", "rrdst"])
 def test_fault_deficit_matches_recordings(mode):
     tr = load_trace(TRACES / f"f1_{mode}")

@@ -1,0 +1,96 @@
+"""Typed alerts and the book of open ones.
+
+An alert is keyed by ``switch/port/direction/kind``: several cells (one per
+source leaf through that port) feed one alert, so one fault raises one alert
+per switch that sees it. Its lifecycle: ``alert`` when a CUSUM first crosses
+its threshold, ``update`` when the named link or the rate estimate changes
+(or every ``update_every`` pulses while it lasts), ``resolved`` when the
+reverse test has seen ``clear_lr``:1 evidence that the loss is gone.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class Alert:
+    """An alert event as written to alerts.jsonl and report.json."""
+
+    event: str                  # alert | update | resolved
+    alert_id: str
+    time: float
+    switch: str
+    port: int
+    ifname: str
+    direction: str
+    link: str | None            # the one directed link, when this switch can name it alone
+    candidates: list[str]
+    kind: str                   # loss | corruption | asymmetry
+    estimated_rate: float
+    rate_ci: list[float]
+    score: float                # CUSUM statistic / threshold (>= 1 at an alarm)
+    window: int                 # pulses since the estimated onset
+    pulse: int
+    pulse_start: float
+    onset_pulse: int = 0        # the pulse the CUSUM puts the change at
+    onset_time: float = 0.0
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Alert":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def as_event(self, event: str, **changes) -> "Alert":
+        return Alert(**{**asdict(self), "event": event, **changes})
+
+
+@dataclass
+class OpenAlert:
+    alert: Alert                                   # the last event published
+    cells: set[tuple[int, tuple]]                  # (check index, cell index) that alarmed
+    reverse: float = 0.0                           # reverse-test statistic (nats)
+    last_event_pulse: int = 0
+    ref_rate: float = 0.0                          # largest rate estimated while open (reverse test)
+
+    def state(self) -> dict:
+        return {"alert": self.alert.to_dict(), "cells": [[i, list(c)] for i, c in sorted(self.cells)],
+                "reverse": self.reverse, "last_event_pulse": self.last_event_pulse, "ref_rate": self.ref_rate}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "OpenAlert":
+        return cls(Alert.from_dict(d["alert"]), {(int(i), tuple(c)) for i, c in d["cells"]}, float(d["reverse"]),
+                   int(d["last_event_pulse"]), float(d["ref_rate"]))
+
+
+class AlertBook:
+    def __init__(self, update_every: int) -> None:
+        self.update_every = update_every
+        self.open: dict[str, OpenAlert] = {}
+
+    def publish(self, alert: Alert, cells: set[tuple[int, tuple]], pulse: int) -> Alert | None:
+        """Record an alarm; return the event to publish (alert or update), if any."""
+        cur = self.open.get(alert.alert_id)
+        if cur is None:
+            self.open[alert.alert_id] = OpenAlert(alert, set(cells), 0.0, pulse, alert.estimated_rate)
+            return alert
+        cur.cells |= cells
+        cur.ref_rate = max(cur.ref_rate, alert.estimated_rate)
+        old = cur.alert
+        if alert.link is None and old.link:
+            alert = alert.as_event(alert.event, link=old.link)
+        changed = (alert.link != old.link or abs(alert.estimated_rate - old.estimated_rate)
+                   > max(0.2 * old.estimated_rate, 0.001) or pulse - cur.last_event_pulse >= self.update_every)
+        if not changed:
+            return None
+        ev = alert.as_event("update")
+        cur.alert, cur.last_event_pulse = ev, pulse
+        return ev
+
+    def resolve(self, aid: str, time: float, pulse: int, pulse_start: float) -> Alert:
+        cur = self.open.pop(aid)
+        return cur.alert.as_event("resolved", time=time, pulse=pulse, pulse_start=pulse_start, score=0.0, window=0,
+                                  evidence={})

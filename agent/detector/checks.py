@@ -1,0 +1,282 @@
+"""The tests a switch runs on its own pulse counts, one class each, behind one interface.
+
+Every check turns a :class:`PulseCounts` into :class:`Samples` over its grid of
+cells: per cell the deficit ``r`` (expected minus observed packets), its null
+variance form ``u`` (see :mod:`agent.detector.noise`), the deficit one unit of
+loss rate would cause ``s``, and whether the cell is judged this pulse. It
+names the links a cell's deficit points at (:meth:`suspects`) and may learn
+from certified-healthy pulses (:meth:`learn`).
+
+* :class:`PeerCheck` (leaves). Spraying splits the packets from source leaf
+  ``a`` to this leaf over the uplinks in known shares ``w_k``; with ``N`` the
+  packets from ``a`` on all uplinks in the pulse, ``E c_k = w_k N``. A loss
+  ``p`` on the path through spine ``k`` gives ``r_k = p w_k (1 - w_k) N``
+  (retransmissions are re-sprayed over all uplinks). Normalised by the pulse's
+  own total, it needs no traffic matrix: job size, collective and rank count
+  can change freely.
+* :class:`SpineCheck` (spines). A spine sees one uplink of each leaf, so it
+  compares what leaf ``L`` sent into it with what it forwarded to leaf ``L``:
+  in any ring collective (allreduce, allgather, reduce-scatter, DDP), a leaf
+  sends into the fabric as many data segments as it receives from it, whatever
+  the job. It counts TCP packets with payload only (when the source of counts
+  tells them apart): a receiver that loses packets answers with bursts of
+  duplicate ACKs, which would otherwise look like its sender receiving more
+  than it sends (recorded trace f1_rrdst: 200 extra ACKs per spine in one pulse). With per-(source, destination) spray shares ``W`` through this spine,
+  leaf ``L``'s fabric outflow is estimated from the spine's per-destination
+  counts of packets from ``L`` (``x``) and its inflow from the per-source
+  counts of packets to ``L`` (``y``); a loss ``p`` on ``leafL->spineK``
+  lowers ``x`` and leaves ``y``, so ``r = in_L (y / x - 1) = p * expected``.
+  Ports whose pairs do not all cross this spine (links out of service) are
+  not judged. Retransmissions are explained away: a loss anywhere on the way
+  from leaf ``a`` to leaf ``Z`` makes ``a`` resend, which raises ``Z``'s
+  inflow ``y`` and ``a``'s outflow ``x`` through every spine: a deficit at
+  ``Z`` with a matching surplus at a port whose traffic flows *into* ``Z``. A
+  real loss on ``leafZ->spineK`` leaves its surplus at the ports ``Z``'s
+  traffic flows *to*. So the deficit at ``Z`` is reduced by
+  ``sum_a f(a->Z) * surplus_a`` (``f``: the fraction of ``a``'s traffic through
+  this spine that goes to ``Z``). With two leaves in the job a port's
+  predecessor is also its successor and the spine cannot judge (the leaves'
+  peer test still detects; see the README on localization).
+* :class:`CorruptionCheck` (every switch). Frames with a broken IPv4 header
+  received on a port, against the link's background damaged-frame rate: a
+  Poisson CUSUM (:class:`agent.detector.evidence.PoissonCusum`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.detector.config import DetectorConfig, Model
+from agent.detector.noise import NoiseModel
+from agent.pulse import PulseCounts
+from netns_testbed.topo import Fabric, Link, SprayMode, node_num
+
+# Theoretical noise factor per spray mode (prior of NoiseModel.phi), and the variance floor.
+# random: the multinomial variance itself (recorded traces: 1.01). rrdst: rotation quantisation,
+# R w (1-w) per cell for R rotations; the traces give 0.9 x that at R = 2: the prior is twice.
+# rr: per flow-size class (packets < 4^(b+4)); small flows split almost like random (traces: 0.65
+# below 200 packets): prior 1; flows of 1,024 packets and more: 0.0097 in the traces, prior 0.05.
+RR_CLASSES = 6
+RR_PRIOR = [1.0, 1.0, 0.05, 0.05, 0.05, 0.05]
+PEER_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: RR_PRIOR, SprayMode.RRDST: 2.0}
+# Spine in/out balance, u = in + expected: random 1 (binomial shares on both sides); rr and rrdst:
+# retransmission differences between leaves, 0.041 and 0.028 in the traces: the prior is 0.06.
+SPINE_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: 0.06, SprayMode.RRDST: 0.06}
+VAR_FLOOR = 0.25   # packets^2: no count is known better than to half a packet
+
+
+def rr_class(n: np.ndarray | float) -> np.ndarray:
+    """Flow-size class of round-robin noise: flows of fewer than 4^(b + 4) packets are class b."""
+    return np.clip(np.floor(np.log(np.maximum(n, 1.0)) / np.log(4.0)) - 3, 0, RR_CLASSES - 1).astype(int)
+
+
+def peer_prior(spray: SprayMode, n: float) -> float:
+    """The prior noise factor of a peer cell of a flow of n packets."""
+    prior = PEER_PRIOR[spray]
+    return float(prior[int(rr_class(n))]) if spray is SprayMode.RR else float(prior)
+
+
+@dataclass
+class Samples:
+    r: np.ndarray          # deficit, packets
+    u: np.ndarray          # variance form (V = phi u)
+    s: np.ndarray          # deficit per unit loss rate
+    mask: np.ndarray       # cell judged this pulse
+    expected: np.ndarray
+    observed: np.ndarray
+    cls: np.ndarray | int = 0   # noise class per cell (see NoiseModel)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """What one cell's deficit points at."""
+
+    port: int
+    direction: str               # "in": the link into this switch on that port
+    source: str | None           # source leaf of the traffic, if the cell is per source
+    link: Link | None            # the one link, when the cell alone decides it
+    candidates: tuple[Link, ...]
+
+
+class PeerCheck:
+    kind = "peer"
+
+    def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
+                 weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
+        self.fabric, self.switch, self.spray, self.cfg = fabric, switch, spray, cfg
+        L, S = fabric.spec.leaves, fabric.spec.spines
+        self.S, self.L = S, L
+        me = node_num(switch)
+        w = np.zeros((L, S))
+        for a in range(L):
+            if a == me:
+                continue
+            shares = fabric.spray_shares(f"leaf{a}", switch, weights, oos)
+            for k in range(S):
+                if f"spine{k}" in shares and f"spine{k}->{switch}" not in degraded \
+                        and f"leaf{a}->spine{k}" not in degraded:
+                    w[a, k] = shares[f"spine{k}"]
+        self.usable = w > 0
+        self.valid = self.usable.sum(axis=1) >= 2
+        tot = w.sum(axis=1, keepdims=True)
+        self.w_model = np.divide(w, tot, out=np.zeros_like(w), where=tot > 0)
+        self.shape = (L, S)
+        self.port_of_cell = np.broadcast_to(np.arange(S), self.shape)   # uplink k is port k
+        self.noise = NoiseModel(PEER_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
+        self.rot = cfg.rotations_or_cpus
+        # learned model: per source, packets per uplink and in total, and pulses measured
+        self.learn_c = np.zeros((L, S))
+        self.learn_n = np.zeros(L)
+        self.learn_pulses = np.zeros(L, dtype=np.int64)
+        self.findings: list[tuple[tuple, float, float]] = []   # (cell, rate, z) of asymmetry at start
+
+    def shares(self) -> np.ndarray:
+        if self.cfg.model is Model.ANALYTIC:
+            return self.w_model
+        n = self.learn_n[:, None]
+        learned = np.divide(self.learn_c, n, out=self.w_model.copy(), where=n > 0)
+        return learned
+
+    def samples(self, pc: PulseCounts) -> Samples:
+        S, L = self.S, self.L
+        c = pc.ip[:S, 0, 1:L + 1].T.astype(float) * self.usable
+        n = c.sum(axis=1, keepdims=True)
+        ready = self.valid & (n[:, 0] >= self.cfg.min_cell_pkts)
+        if self.cfg.model is Model.LEARNED:
+            ready = self._learning(c, n[:, 0], ready)
+        w = self.shares()
+        wq = w * (1.0 - w)
+        s = wq * n
+        u = s if self.spray is not SprayMode.RRDST else wq * self.rot
+        mask = self.usable & ready[:, None] & (wq > 0)
+        u = np.where(mask, u, 1.0)
+        cls = 0
+        if self.spray is SprayMode.RR:
+            cls = np.broadcast_to(rr_class(n), self.shape)
+        return Samples(w * n - c, u, s, mask, w * n, c, cls)
+
+    def _learning(self, c: np.ndarray, n: np.ndarray, ready: np.ndarray) -> np.ndarray:
+        """Learned model: a source's first ``learn_pulses`` pulses measure its shares (not judged)."""
+        young = ready & (self.learn_pulses < self.cfg.learn_pulses)
+        for a in np.flatnonzero(young):
+            self.learn_c[a] += c[a]
+            self.learn_n[a] += n[a]
+            self.learn_pulses[a] += 1
+            if self.learn_pulses[a] == self.cfg.learn_pulses:
+                self._compare_with_model(a)
+        return ready & ~young
+
+    def _compare_with_model(self, a: int) -> None:
+        """Shares measured at start against the analytic ones: a deficit is reported, not accepted silently."""
+        wm = self.w_model[a]
+        n = self.learn_n[a]
+        wq = wm * (1 - wm)
+        deficit = wm * n - self.learn_c[a]
+        u = wq * n if self.spray is not SprayMode.RRDST else wq * self.rot * self.cfg.learn_pulses
+        var = self.noise.variance(u, 0 if self.spray is not SprayMode.RR else rr_class(n / self.cfg.learn_pulses))
+        z = deficit / np.sqrt(var)
+        for k in np.flatnonzero(self.usable[a]):
+            rate = deficit[k] / (wq[k] * n) if wq[k] * n > 0 else 0.0
+            self.findings.append(((a, int(k)), float(rate), float(z[k])))
+
+    def learn(self, smp: Samples) -> None:
+        if self.cfg.model is Model.LEARNED:
+            rows = smp.mask.any(axis=1)
+            self.learn_c[rows] += smp.observed[rows]
+            self.learn_n[rows] += smp.observed[rows].sum(axis=1)
+
+    def suspects(self, idx: tuple) -> Suspect:
+        a, k = idx
+        down = Link(f"spine{k}", self.switch)
+        up = Link(f"leaf{a}", f"spine{k}")
+        return Suspect(k, "in", f"leaf{a}", None, (down, up))
+
+    def state(self) -> dict:
+        return {"learn_c": self.learn_c.tolist(), "learn_n": self.learn_n.tolist(),
+                "learn_pulses": self.learn_pulses.tolist()}
+
+    def load(self, d: dict) -> None:
+        self.learn_c = np.asarray(d["learn_c"], dtype=float).reshape(self.learn_c.shape)
+        self.learn_n = np.asarray(d["learn_n"], dtype=float).reshape(self.learn_n.shape)
+        self.learn_pulses = np.asarray(d["learn_pulses"], dtype=np.int64).reshape(self.learn_pulses.shape)
+
+
+class SpineCheck:
+    kind = "spine"
+
+    def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
+                 weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
+        self.fabric, self.switch, self.cfg = fabric, switch, cfg
+        L = fabric.spec.leaves
+        self.L = L
+        wk = np.zeros((L, L))             # share of a->b traffic that crosses this spine
+        for a in range(L):
+            for b in range(L):
+                if a != b:
+                    wk[a, b] = fabric.spray_shares(f"leaf{a}", f"leaf{b}", weights, oos).get(switch, 0.0)
+        self.wk = wk
+        off = ~np.eye(L, dtype=bool)
+        names_ok = np.array([f"leaf{x}->{switch}" not in degraded and f"{switch}->leaf{x}" not in degraded
+                             for x in range(L)])
+        # every pair into and out of leaf x must cross this spine for the balance to hold
+        self.judged = names_ok & np.array([(wk[x][off[x]] > 0).all() and (wk[:, x][off[:, x]] > 0).all()
+                                           for x in range(L)])
+        self.inv_out = np.divide(1.0, wk, out=np.zeros_like(wk), where=wk > 0)  # [a, b]
+        self.shape = (L,)
+        self.port_of_cell = np.arange(L)                                # port a faces leaf a
+        self.noise = NoiseModel(SPINE_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
+
+    def samples(self, pc: PulseCounts) -> Samples:
+        L = self.L
+        counts = pc.data if pc.data is not None else pc.ip
+        out = counts[:L, 1, 1:L + 1].astype(float)  # [port b (dest leaf), source a]
+        sent = out.T                                 # [a, b]: packets from leaf a forwarded to leaf b
+        inn = sent.sum(axis=1)                       # packets from leaf a through this spine
+        x = (sent * self.inv_out).sum(axis=1)        # leaf a's fabric outflow, estimated
+        y = (sent * self.inv_out).sum(axis=0)        # leaf b's fabric inflow, estimated
+        kappa = np.divide(inn, x, out=np.zeros(L), where=x > 0)
+        expected = kappa * y
+        mask = self.judged & (inn >= self.cfg.min_cell_pkts) & (expected >= self.cfg.min_cell_pkts)
+        gap = expected - inn
+        surplus = np.where(mask, np.maximum(0.0, -gap), 0.0)
+        frac = np.divide(sent, inn[:, None], out=np.zeros_like(sent), where=inn[:, None] > 0)   # f(a->b)
+        resent = frac.T @ surplus                    # per b: surplus of the ports that send into b
+        r = np.where(gap > 0, gap - np.minimum(gap, resent), gap)
+        u = np.where(mask, inn + expected, 1.0)
+        return Samples(r, u, expected, mask, expected, inn)
+
+    def learn(self, smp: Samples) -> None:
+        return None
+
+    def suspects(self, idx: tuple) -> Suspect:
+        (a,) = idx
+        link = Link(f"leaf{a}", self.switch)
+        return Suspect(a, "in", f"leaf{a}", link, (link,))
+
+    def state(self) -> dict:
+        return {}
+
+    def load(self, d: dict) -> None:
+        return None
+
+
+class CorruptionCheck:
+    kind = "corruption"
+
+    def __init__(self, fabric: Fabric, switch: str, degraded: set[str]) -> None:
+        self.fabric, self.switch = fabric, switch
+        ports = fabric.ports[switch]
+        self.shape = (len(ports),)
+        self.judged = np.array([f"{p.peer}->{switch}" not in degraded for p in ports])
+
+    def counts(self, pc: PulseCounts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        bad = pc.bad[:, 0].astype(float)
+        frames = pc.ip[:, 0].sum(axis=1).astype(float) + bad
+        return bad, frames, self.judged & (frames > 0)
+
+    def suspects(self, idx: tuple) -> Suspect:
+        (p,) = idx
+        port = self.fabric.port(self.switch, p)
+        link = Link(port.peer, self.switch)
+        return Suspect(p, "in", None, link, (link,))

@@ -1,0 +1,288 @@
+"""The detector of one switch: its checks, their evidence, the alert book.
+
+Uses only this switch's per-pulse counts plus static configuration (the
+fabric model, spray mode and weights, links known to be out of service or
+degraded). ``observe(PulseCounts) -> [Alert]`` is the whole contract: the
+live agent, the replay, the recorded traces and the scale model all call it.
+
+Per pulse:
+
+1. every check makes its samples (deficit, variance form, signal per unit of
+   loss rate) over its cells;
+2. the budget gives each CUSUM its ARL: ``ln ARL0 = ln(n_cusums / alpha)``
+   with ``alpha`` the switch's per-pulse share of the fabric's daily false
+   alerts (:mod:`agent.detector.config`), counting only the CUSUMs that can
+   false-alarm at that rate at all (:func:`agent.detector.arl.budget_ln_arl`);
+3. each bank updates (:mod:`agent.detector.evidence`); cells over threshold
+   become alerts, grouped per port;
+4. open alerts run their reverse test and resolve when repaired;
+5. a pulse in which every CUSUM stayed below ``quiet_level`` of its threshold
+   and no alert was open goes into a queue; once ``certify_lag`` more such
+   pulses followed, it is certified healthy and its samples refine the noise
+   factor (and the learned shares). Anything loud empties the queue.
+
+Nothing waits for a warm-up: the analytic model judges from the first pulse
+with the spray mode's theoretical noise.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+from scipy.special import ndtri
+
+from agent.detector.alerts import Alert, AlertBook, OpenAlert
+from agent.detector.arl import budget_ln_arl
+from agent.detector.checks import CorruptionCheck, PeerCheck, Samples, SpineCheck, Suspect
+from agent.detector.config import DetectorConfig, Model
+from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
+from agent.pulse import PulseCounts
+from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
+
+STATE_VERSION = 1
+
+
+class SwitchDetector:
+    """Feed it :class:`PulseCounts` of one switch; it returns alert events."""
+
+    def __init__(self, fabric: Fabric, switch: str, cfg: DetectorConfig | None = None,
+                 spray: SprayMode | str = SprayMode.RRDST, weights: dict[str, float] | None = None,
+                 out_of_service: list[Link] | None = None, degraded: list[Link] | None = None) -> None:
+        self.fabric = fabric
+        self.switch = switch
+        self.cfg = (cfg or DetectorConfig()).validate()
+        self.spray = SprayMode.parse(spray)
+        self.weights = dict(weights or {})
+        self.oos = list(out_of_service or [])
+        deg = {l.name for l in degraded or []}
+        self.is_leaf = node_kind(switch) == "leaf"
+        self.nports = len(fabric.ports[switch])
+        args = (fabric, switch, self.spray, self.cfg, self.weights, self.oos, deg)
+        self.checks: list[PeerCheck | SpineCheck] = [PeerCheck(*args) if self.is_leaf else SpineCheck(*args)]
+        self.banks = [CusumBank(self.cfg.magnitudes, c.shape) for c in self.checks]
+        self.corruption = CorruptionCheck(fabric, switch, deg)
+        self.poisson = PoissonCusum(self.cfg.corruption_background, self.cfg.corruption_rate, self.nports)
+        self.alpha = self.cfg.alpha(len(fabric.switches))
+        self.book = AlertBook(self.cfg.update_every)
+        self.pending: deque[tuple[int, list]] = deque()
+        self.pulses_seen = 0
+        self.pulses_used = 0
+        self.significant = False          # some CUSUM over its threshold in the last pulse
+        self.last_scores: dict[int, float] = {}
+        self.last_ln_arl = 0.0
+
+    # -- the per-pulse step ----------------------------------------------------------
+    def observe(self, pc: PulseCounts) -> list[Alert]:
+        self.pulses_seen += 1
+        self.significant = False
+        if pc.nports != self.nports:
+            raise ValueError(f"{self.switch}: pulse has {pc.nports} ports, the fabric model {self.nports}")
+        if pc.total < self.cfg.min_pulse_pkts:
+            return []
+        t = self.pulses_used
+        self.pulses_used += 1
+        smps = [c.samples(pc) for c in self.checks]
+        vs = [c.noise.variance(s.u, s.cls) for c, s in zip(self.checks, smps)]
+        bad, frames, cmask = self.corruption.counts(pc)
+        shifts = [b.shifts(s.s, v)[:, s.mask] for b, s, v in zip(self.banks, smps, vs)]
+        ln_arl = budget_ln_arl(np.concatenate(shifts, axis=1), math.log(self.alpha), extra=int(cmask.sum()))
+        self.last_ln_arl = ln_arl
+        judged: list[tuple[Samples, np.ndarray, Judgement]] = []
+        for bank, smp, v in zip(self.banks, smps, vs):
+            judged.append((smp, v, bank.update(smp.r, v, smp.s, smp.mask, t, pc.start_time, ln_arl)))
+        cj = self.poisson.update(bad, frames, cmask, t, pc.start_time, ln_arl)
+        events = self._findings(pc)
+        events += self._alarms(pc, judged, cj, (bad, frames, cmask))
+        events += self._reverse(pc, judged, (bad, frames, cmask))
+        self._scores(judged, cj)
+        self._certify(t, judged)
+        return events
+
+    # -- alarms -> alerts --------------------------------------------------------------
+    def _alarms(self, pc: PulseCounts, judged, cj: Judgement, corr) -> list[Alert]:
+        hits: dict[str, list[tuple[int, tuple, float]]] = {}
+        for i, (smp, _, j) in enumerate(judged):
+            for idx in zip(*np.nonzero(j.alarm)):
+                idx = tuple(int(x) for x in idx)
+                rate = self.banks[i].estimate(idx)[0]
+                if rate < self.cfg.min_rate:
+                    continue
+                self.significant = True
+                sus = self.checks[i].suspects(idx)
+                hits.setdefault(self._aid(sus, "loss"), []).append((i, idx, float(j.score()[idx])))
+        for p in np.flatnonzero(cj.alarm):
+            self.significant = True
+            sus = self.corruption.suspects((int(p),))
+            hits.setdefault(self._aid(sus, "corruption"), []).append((-1, (int(p),), float(cj.ratio[0, p])))
+        events = []
+        for aid, cells in hits.items():
+            ci, idx, score = max(cells, key=lambda c: c[2])
+            alert = self._make_alert(pc, aid, ci, idx, score, {(c[0], c[1]) for c in cells})
+            ev = self.book.publish(alert, {(c[0], c[1]) for c in cells}, pc.pulse)
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def _aid(self, sus: Suspect, kind: str) -> str:
+        return f"{self.switch}/{sus.port}/{sus.direction}/{kind}"
+
+    def _make_alert(self, pc: PulseCounts, aid: str, ci: int, idx: tuple, score: float,
+                    cells: set[tuple[int, tuple]]) -> Alert:
+        if ci < 0:
+            rate, ci95, onset, onset_time, deficit = self.poisson.estimate(idx[0])
+            sus, kind, test = self.corruption.suspects(idx), "corruption", "corruption"
+            expected = observed = None
+        else:
+            rate, ci95, onset, onset_time, deficit = self.banks[ci].estimate(idx)
+            chk = self.checks[ci]
+            sus, kind, test = chk.suspects(idx), "loss", chk.kind
+            j = self.banks[ci].best(idx)
+            expected = float(self.banks[ci].sum_s[(j,) + idx])
+            observed = expected - float(self.banks[ci].sum_r[(j,) + idx])
+        link, cands = sus.link, list(sus.candidates)
+        prev = self.book.open.get(aid)
+        sources = {self.checks[c].suspects(x).source for c, x in cells | (prev.cells if prev else set()) if c >= 0}
+        if link is None and len(sources) >= 2:
+            # deficits from two or more sources through one port: only the common link explains them
+            common = set(cands)
+            for c, x in cells | (prev.cells if prev else set()):
+                if c >= 0:
+                    common &= set(self.checks[c].suspects(x).candidates)
+            if len(common) == 1:
+                link = next(iter(common))
+                cands = [link]
+        port = self.fabric.port(self.switch, sus.port)
+        return Alert("alert", aid, pc.end_time, self.switch, sus.port, port.ifname, sus.direction,
+                     link.name if link else None, [c.name for c in cands], kind, round(rate, 6),
+                     [round(ci95[0], 6), round(ci95[1], 6)], round(score, 3), self.pulses_used - onset, pc.pulse,
+                     pc.start_time, onset, onset_time,
+                     {"test": test, "source": sus.source, "deficit": round(deficit, 1),
+                      "expected": None if expected is None else round(expected, 1),
+                      "observed": None if observed is None else round(observed, 1),
+                      "window_start": onset_time, "ln_arl": round(self.last_ln_arl, 3)})
+
+    def _findings(self, pc: PulseCounts) -> list[Alert]:
+        """Learned model: shares measured at start that contradict the analytic model."""
+        events = []
+        for ci, chk in enumerate(self.checks):
+            found = getattr(chk, "findings", None)
+            if not found:
+                continue
+            ncells = max(1, int(np.sum(chk.usable)))
+            z_star = float(-ndtri(self.alpha / ncells))
+            for idx, rate, z in found:
+                if z <= z_star or rate < self.cfg.min_rate:
+                    continue
+                sus = chk.suspects(idx)
+                aid = self._aid(sus, "asymmetry")
+                port = self.fabric.port(self.switch, sus.port)
+                alert = Alert("alert", aid, pc.end_time, self.switch, sus.port, port.ifname, sus.direction, None,
+                              [c.name for c in sus.candidates], "asymmetry", round(rate, 6), [0.0, 0.0],
+                              round(z / z_star, 3), self.cfg.learn_pulses, pc.pulse, pc.start_time,
+                              self.pulses_used - self.cfg.learn_pulses, pc.start_time,
+                              {"test": "learned-vs-analytic shares", "source": sus.source, "z": round(z, 2),
+                               "z_threshold": round(z_star, 2)})
+                if aid not in self.book.open:
+                    self.book.open[aid] = OpenAlert(alert, set(), 0.0, pc.pulse)
+                    events.append(alert)
+            found.clear()
+        return events
+
+    # -- repair ------------------------------------------------------------------------
+    def _reverse(self, pc: PulseCounts, judged, corr) -> list[Alert]:
+        bad, frames, cmask = corr
+        events = []
+        stop = math.log(self.cfg.clear_lr)
+        for aid, oa in list(self.book.open.items()):
+            if oa.alert.kind == "asymmetry" or not oa.cells:
+                continue
+            rate = max(oa.ref_rate, self.cfg.min_rate)
+            step, seen = 0.0, False
+            for ci, idx in oa.cells:
+                if ci < 0:
+                    p = idx[0]
+                    if cmask[p]:
+                        seen = True
+                        step += reverse_llr_poisson(bad[p], frames[p], self.cfg.corruption_background,
+                                                    max(rate, self.cfg.corruption_rate))
+                    continue
+                smp, v, j = judged[ci]
+                if smp.mask[idx]:
+                    seen = True
+                    step += reverse_llr(float(smp.r[idx]), float(v[idx]), rate * float(smp.s[idx]))
+            if not seen:
+                continue
+            oa.reverse = max(0.0, oa.reverse + step)
+            if oa.reverse > stop:
+                for ci, idx in oa.cells:
+                    (self.poisson.reset(idx[0]) if ci < 0 else self.banks[ci].reset(idx))
+                events.append(self.book.resolve(aid, pc.end_time, pc.pulse, pc.start_time))
+        return events
+
+    # -- learning from certified-healthy pulses ----------------------------------------------
+    def _certify(self, t: int, judged) -> None:
+        loud = bool(self.book.open) or any(
+            bool((j.score()[smp.mask] >= self.cfg.quiet_level).any()) for smp, _, j in judged)
+        if loud:
+            self.pending.clear()
+            return
+        self.pending.append((t, [(chk.noise.sample(smp.r, smp.u, smp.mask, smp.cls), smp)
+                                 for chk, (smp, _, _) in zip(self.checks, judged)]))
+        while self.pending and self.pending[0][0] <= t - self.cfg.certify_lag:
+            _, items = self.pending.popleft()
+            for chk, ((ssq, n), smp) in zip(self.checks, items):
+                chk.noise.learn(ssq, n)
+                chk.learn(smp)
+
+    # -- introspection (metrics, live view) ---------------------------------------------------
+    def _scores(self, judged, cj: Judgement) -> None:
+        best = np.full(self.nports, -1.0)
+        for chk, (smp, _, j) in zip(self.checks, judged):
+            np.maximum.at(best, chk.port_of_cell[smp.mask], j.score()[smp.mask])
+        self.last_scores = {int(p): float(best[p]) for p in np.flatnonzero(best >= 0)}
+
+    def port_scores(self) -> dict[int, float]:
+        """Per port the largest CUSUM / threshold ratio of the last pulse (an alarm at >= 1)."""
+        return dict(self.last_scores)
+
+    @property
+    def active(self) -> dict[str, OpenAlert]:
+        return self.book.open
+
+    @property
+    def warming_up(self) -> bool:
+        """Only the learned model measures before it judges (per source, ``learn_pulses`` pulses)."""
+        if self.cfg.model is Model.ANALYTIC or not self.is_leaf:
+            return False
+        chk = self.checks[0]
+        return bool((chk.learn_pulses < self.cfg.learn_pulses).any() and chk.learn_pulses.any())
+
+    def noise_factors(self) -> dict[str, float]:
+        return {c.kind: c.noise.phi for c in self.checks}
+
+    # -- persistence -----------------------------------------------------------------------
+    def identity(self) -> dict:
+        return {"version": STATE_VERSION, "switch": self.switch, "fabric": self.fabric.spec.to_dict(),
+                "spray": str(self.spray), "config": self.cfg.to_dict(), "weights": self.weights,
+                "out_of_service": sorted(l.name for l in self.oos)}
+
+    def state(self) -> dict:
+        return {"identity": self.identity(), "pulses_used": self.pulses_used,
+                "banks": [b.state() for b in self.banks], "poisson": self.poisson.state(),
+                "noise": [c.noise.state() for c in self.checks], "checks": [c.state() for c in self.checks],
+                "open": {aid: oa.state() for aid, oa in self.book.open.items()}}
+
+    def load_state(self, d: dict) -> None:
+        """Continue from a saved state; ValueError if it belongs to another switch, fabric or setting."""
+        if d.get("identity") != self.identity():
+            raise ValueError("saved detector state is for another switch, fabric state or configuration")
+        for b, s in zip(self.banks, d["banks"]):
+            b.load(s)
+        self.poisson.load(d["poisson"])
+        for c, s in zip(self.checks, d["noise"]):
+            c.noise.load(s)
+        for c, s in zip(self.checks, d["checks"]):
+            c.load(s)
+        self.book.open = {aid: OpenAlert.from_state(s) for aid, s in d["open"].items()}
+        self.pulses_used = int(d["pulses_used"])
