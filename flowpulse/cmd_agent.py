@@ -15,9 +15,9 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
                    help="expected spray shares from the fabric model (analytic, judges from the first pulse) "
                         "or measured in the first pulses and checked against it (learned)")
     p.add_argument("--fa-per-day", type=float, default=1.0,
-                   help="false-alert budget: false alerts per day for the whole fabric (default 1)")
+                   help="false-alert budget: false alerts per day for the whole fabric")
     p.add_argument("--pulse-hz", type=float, default=1.0,
-                   help="pulses (training iterations) per second per switch, for the budget (default 1)")
+                   help="pulses (training iterations) per second per switch, for the budget")
     p.add_argument("--min-rate", type=float, default=0.001, help="do not raise alarms whose estimated rate is below this")
     p.add_argument("--degraded", action="append", default=[], metavar="LINK",
                    help="a link known to be lossy: excluded from the tests (repeatable)")

@@ -52,6 +52,7 @@ class DetectorConfig:
     learn_pulses: int = 8              # learned model: pulses per source group to measure its shares
     rotations: int = 0                 # rrdst/rr spray rotations (CPUs of the sprayer); 0: this machine's CPUs
     update_every: int = 16             # pulses between "update" events of an unchanged alert
+    spine_test: bool = True            # spines judge each leaf's data balance (ring-shaped collectives)
 
     def validate(self) -> "DetectorConfig":
         def bad(name: str, why: str) -> SpecError:

@@ -59,7 +59,8 @@ class SwitchDetector:
         self.is_leaf = node_kind(switch) == "leaf"
         self.nports = len(fabric.ports[switch])
         args = (fabric, switch, self.spray, self.cfg, self.weights, self.oos, deg)
-        self.checks: list[PeerCheck | SpineCheck] = [PeerCheck(*args) if self.is_leaf else SpineCheck(*args)]
+        self.checks: list[PeerCheck | SpineCheck] = [PeerCheck(*args)] if self.is_leaf else \
+            [SpineCheck(*args)] if self.cfg.spine_test else []
         self.banks = [CusumBank(self.cfg.magnitudes, c.shape) for c in self.checks]
         self.corruption = CorruptionCheck(fabric, switch, deg)
         self.poisson = PoissonCusum(self.cfg.corruption_background, self.cfg.corruption_rate, self.nports)
@@ -86,7 +87,8 @@ class SwitchDetector:
         vs = [c.noise.variance(s.u, s.cls) for c, s in zip(self.checks, smps)]
         bad, frames, cmask = self.corruption.counts(pc)
         shifts = [b.shifts(s.s, v)[:, s.mask] for b, s, v in zip(self.banks, smps, vs)]
-        ln_arl = budget_ln_arl(np.concatenate(shifts, axis=1), math.log(self.alpha), extra=int(cmask.sum()))
+        flat = np.concatenate(shifts, axis=1) if shifts else np.zeros((0,))
+        ln_arl = budget_ln_arl(flat, math.log(self.alpha), extra=int(cmask.sum()))
         self.last_ln_arl = ln_arl
         judged: list[tuple[Samples, np.ndarray, Judgement]] = []
         for bank, smp, v in zip(self.banks, smps, vs):
