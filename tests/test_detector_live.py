@@ -20,12 +20,12 @@ pytestmark = pytest.mark.root
 
 
 @contextlib.contextmanager
-def agents_on(tb, record: Path | None = None):
+def agents_on(tb, record: Path | None = None, persist: bool = False):
     """One set of agents on every switch (as `flowpulse agent --all`), polling in a thread.
     Yields (agents, events); each event is (alert dict, pulses that switch's agent had seen)."""
     events: list[tuple[dict, int]] = []
     by_switch: dict[str, SwitchAgent] = {}
-    opts = AgentOptions(cfg=DetectorConfig(), record=record, persist=False)
+    opts = AgentOptions(cfg=DetectorConfig(), record=record, persist=persist)
     agents = [SwitchAgent(tb, sw, opts, sinks=[lambda d: events.append((d, by_switch[d["switch"]].pulses))])
               for sw in tb.fabric.switches]
     by_switch.update({a.switch: a for a in agents})
@@ -148,3 +148,28 @@ def test_alert_resolves_within_10_pulses_of_fault_clear(make_testbed, tmp_path):
     for aid, n in resolved.items():
         sw = opened[aid]["switch"]
         assert 0 < n - cleared_at[sw] <= 10, (aid, n, cleared_at[sw])
+
+
+def test_agents_restarted_mid_fault_continue_from_their_saved_state(make_testbed, tmp_path):
+    """Agents stopped in the middle of a fault and started again: the new ones load the saved
+    detector state (the testbed's state dir), keep the open alert without raising it again, and
+    resolve it after the repair."""
+    tb = make_testbed()
+    progress = tmp_path / "job" / "progress.jsonl"
+    job = threading.Thread(target=run_job, args=(tb, JobSpec(size=2 << 20, iterations=34, idle_ms=150),
+                                                 tmp_path / "job"), daemon=True)
+    job.start()
+    wait_iteration(progress, 3)
+    fault_ops.apply(tb, parse_fault(tb.fabric, "spine1->leaf2:drop=0.01"))
+    with agents_on(tb, persist=True) as (_, first):
+        wait_iteration(progress, 12)
+    assert [d["switch"] for d in alerts(first)] == ["leaf2"], alerts(first)
+    assert (tb.dir / "detector" / "leaf2.json").exists()
+    with agents_on(tb, persist=True) as (agents, second):
+        leaf2 = next(a for a in agents if a.switch == "leaf2")
+        assert leaf2.detector.pulses_used >= 8 and "leaf2/1/in/loss" in leaf2.detector.active
+        wait_iteration(progress, 18)
+        fault_ops.clear(tb, "spine1->leaf2")
+        job.join(timeout=120)
+    assert alerts(second) == [], alerts(second)
+    assert [d["alert_id"] for d, _ in second if d["event"] == "resolved"] == ["leaf2/1/in/loss"]

@@ -69,14 +69,12 @@ class SwitchDetector:
         self.pending: deque[tuple[int, list]] = deque()
         self.pulses_seen = 0
         self.pulses_used = 0
-        self.significant = False          # some CUSUM over its threshold in the last pulse
         self.last_scores: dict[int, float] = {}
         self.last_ln_arl = 0.0
 
     # -- the per-pulse step ----------------------------------------------------------
     def observe(self, pc: PulseCounts) -> list[Alert]:
         self.pulses_seen += 1
-        self.significant = False
         if pc.nports != self.nports:
             raise ValueError(f"{self.switch}: pulse has {pc.nports} ports, the fabric model {self.nports}")
         if pc.total < self.cfg.min_pulse_pkts:
@@ -92,17 +90,18 @@ class SwitchDetector:
         self.last_ln_arl = ln_arl
         judged: list[tuple[Samples, np.ndarray, Judgement]] = []
         for bank, smp, v in zip(self.banks, smps, vs):
-            judged.append((smp, v, bank.update(smp.r, v, smp.s, smp.mask, t, pc.start_time, ln_arl)))
+            when = pc.start_time if smp.start_time is None else smp.start_time
+            judged.append((smp, v, bank.update(smp.r, v, smp.s, smp.mask, t, when, ln_arl)))
         cj = self.poisson.update(bad, frames, cmask, t, pc.start_time, ln_arl)
         events = self._findings(pc)
-        events += self._alarms(pc, judged, cj, (bad, frames, cmask))
+        events += self._alarms(pc, judged, cj)
         events += self._reverse(pc, judged, (bad, frames, cmask))
         self._scores(judged, cj)
         self._certify(t, judged)
         return events
 
     # -- alarms -> alerts --------------------------------------------------------------
-    def _alarms(self, pc: PulseCounts, judged, cj: Judgement, corr) -> list[Alert]:
+    def _alarms(self, pc: PulseCounts, judged, cj: Judgement) -> list[Alert]:
         hits: dict[str, list[tuple[int, tuple, float]]] = {}
         for i, (smp, _, j) in enumerate(judged):
             for idx in zip(*np.nonzero(j.alarm)):
@@ -110,18 +109,17 @@ class SwitchDetector:
                 rate = self.banks[i].estimate(idx)[0]
                 if rate < self.cfg.min_rate:
                     continue
-                self.significant = True
                 sus = self.checks[i].suspects(idx)
                 hits.setdefault(self._aid(sus, "loss"), []).append((i, idx, float(j.score()[idx])))
         for p in np.flatnonzero(cj.alarm):
-            self.significant = True
             sus = self.corruption.suspects((int(p),))
             hits.setdefault(self._aid(sus, "corruption"), []).append((-1, (int(p),), float(cj.ratio[0, p])))
         events = []
-        for aid, cells in hits.items():
-            ci, idx, score = max(cells, key=lambda c: c[2])
-            alert = self._make_alert(pc, aid, ci, idx, score, {(c[0], c[1]) for c in cells})
-            ev = self.book.publish(alert, {(c[0], c[1]) for c in cells}, pc.pulse)
+        for aid, found in hits.items():
+            ci, idx, score = max(found, key=lambda c: c[2])
+            cells = {(c[0], c[1]) for c in found}
+            alert = self._make_alert(pc, aid, ci, idx, score, cells)
+            ev = self.book.publish(alert, cells, pc.pulse)
             if ev is not None:
                 events.append(ev)
         return events
@@ -144,13 +142,10 @@ class SwitchDetector:
             observed = expected - float(self.banks[ci].sum_r[(j,) + idx])
         link, cands = sus.link, list(sus.candidates)
         prev = self.book.open.get(aid)
-        sources = {self.checks[c].suspects(x).source for c, x in cells | (prev.cells if prev else set()) if c >= 0}
-        if link is None and len(sources) >= 2:
+        suspects = [self.checks[c].suspects(x) for c, x in cells | (prev.cells if prev else set()) if c >= 0]
+        if link is None and len({s.source for s in suspects}) >= 2:
             # deficits from two or more sources through one port: only the common link explains them
-            common = set(cands)
-            for c, x in cells | (prev.cells if prev else set()):
-                if c >= 0:
-                    common &= set(self.checks[c].suspects(x).candidates)
+            common = set(cands).intersection(*(s.candidates for s in suspects))
             if len(common) == 1:
                 link = next(iter(common))
                 cands = [link]
