@@ -85,8 +85,12 @@ def test_fault_in_the_first_pulses_caught_in_its_first_iteration(tmp_path, fault
 
 
 def test_fault_after_200_healthy_pulses_caught_in_its_first_iteration(tmp_path):
+    """Idle 150 ms, as in every live run: the user-space reader copies counters in the idle gap after
+    the kernel's 50 ms pulse cut; with 100 ms it was late on a busy box and folded pulses in pairs
+    from iteration ~190 on, so the first faulty iteration shared a record with a healthy one
+    (per-pulse counters kept in the kernel would remove this: issue 11)."""
     rep = experiment(tmp_path, faults=["spine1->leaf3:drop=0.01@iter=200"], iterations=204, size=2 << 20,
-                     idle_ms=100)
+                     idle_ms=150)
     det = rep["detection"]
     assert det["true_positives"] == 1 and det["false_positives"] == 0, det
     assert det["per_fault"][0]["iterations_to_detect"] == 1, det["per_fault"]
