@@ -52,9 +52,7 @@ def plot_ports(run: Path, report: dict, switch: str) -> Path:
         sc = [float(p.meta.get("scores", {}).get(str(port.index), 0.0)) for p in pulses]
         if any(sc):
             axes[1].plot(xs, sc, marker=".", lw=1, label=f"port {port.index} ({port.ifname})")
-    z = next((a["evidence"].get("z_threshold") for a in report["alerts"] if a["switch"] == switch), None)
-    if z:
-        axes[1].axhline(z, color="k", ls=":", label=f"alert threshold z*={z:.1f}")
+    axes[1].axhline(1.0, color="k", ls=":", label="alert threshold (score 1)")
     for f in report["faults"]:
         if f.get("start"):
             for ax in axes:
@@ -68,8 +66,7 @@ def plot_ports(run: Path, report: dict, switch: str) -> Path:
     axes[0].set_title(f"{switch}: per-pulse ingress {'deficit of each uplink' if leaf else 'packets per port'}"
                       " (one pulse = one iteration)")
     axes[0].legend(fontsize=7, ncol=2)
-    axes[1].set_ylabel("deficit z-score (best window)")
-    axes[1].set_yscale("symlog", linthresh=10)
+    axes[1].set_ylabel("score (CUSUM / threshold)")
     axes[1].set_xlabel("seconds since start")
     axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
