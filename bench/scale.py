@@ -42,8 +42,10 @@ def trial(spines: int, spray: str, rate: float, seed: int, size: int, onset: int
     fab = Fabric(fabric)
     link = rng.choice(fab.fabric_links()).name
     model = FabricModel(ModelSpec(fabric=fabric, size=size, spray=spray, mss=mss, seed=seed))
-    dets = {sw: SwitchDetector(fab, sw, DetectorConfig(), spray)
-            for sw in fab.switches}
+    # the model splits every flow with its own rotation per CPU (the datapath shares one per CPU
+    # and destination); with interleaved ranks each leaf pair carries hosts_per_leaf flows
+    cfg = DetectorConfig(rotations=model.spec.ncpu * hosts)
+    dets = {sw: SwitchDetector(fab, sw, cfg, spray) for sw in fab.switches}
     events = []
     pulses = {sw: [] for sw in fab.switches}
     t_judge = 0.0

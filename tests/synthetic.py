@@ -5,7 +5,7 @@ leaves 1..3, split over its 4 uplinks with shares ``w = 1/4`` plus Gaussian nois
 of the spray mode's form (the detector's null model, with a chosen factor
 ``phi``): covariance ``phi * U * (diag(w) - w w^T) / (w (1 - w))``-shaped so the
 four residuals sum to zero, with ``U = n w (1 - w)`` (random, rr) or
-``R w (1 - w)`` (rrdst). A loss ``p`` on ``spine{k}->leaf0`` removes ``p`` of
+``R (1 - w^2) / 6`` (rrdst). A loss ``p`` on ``spine{k}->leaf0`` removes ``p`` of
 that uplink's packets (binomially); retransmissions are re-sprayed evenly.
 Counts are floats, so nothing is rounded away.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agent.detector.checks import rrdst_unit
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
@@ -22,8 +23,9 @@ W = np.full(S, 1 / S)
 
 
 def unit_variance(spray: SprayMode, n: float, rotations: int) -> float:
+    """The detector's variance form of a cell (its null model, taken from the detector itself)."""
     wq = W[0] * (1 - W[0])
-    return n * wq if spray is not SprayMode.RRDST else rotations * wq
+    return n * wq if spray is not SprayMode.RRDST else float(rrdst_unit(W[0], rotations))
 
 
 def leaf_pulses(spray: SprayMode, phi: float, n: float, pulses: int, rng: np.random.Generator, rotations: int = 2,

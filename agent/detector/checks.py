@@ -65,7 +65,8 @@ from netns_testbed.topo import Fabric, Link, SprayMode, node_num
 
 # Theoretical noise factor per spray mode (prior of NoiseModel.phi), and the variance floor.
 # random: the multinomial variance itself (recorded traces: 1.01). rrdst: rotation quantisation,
-# R w (1-w) per cell for R rotations; the traces give 0.9 x that at R = 2: the prior is twice.
+# R (1 - w^2) / 6 per cell for R rotations (rrdst_unit); the traces give 1.0-1.1 x that at R = 2:
+# the prior is twice.
 # rr: per flow-size class (packets < 4^(b+4)); small flows split almost like random (traces: 0.65
 # below 200 packets): prior 1; flows of 1,024 packets and more: 0.0097 in the traces and 0.008-0.013
 # in this testbed's live 4 MiB runs: prior 0.03.
@@ -81,6 +82,18 @@ VAR_FLOOR = 0.25   # packets^2: no count is known better than to half a packet
 def rr_class(n: np.ndarray | float) -> np.ndarray:
     """Flow-size class of round-robin noise: flows of fewer than 4^(b + 4) packets are class b."""
     return np.clip(np.floor(np.log(np.maximum(n, 1.0)) / np.log(4.0)) - 3, 0, RR_CLASSES - 1).astype(int)
+
+
+def rrdst_unit(w: np.ndarray, rotations: int) -> np.ndarray:
+    """Variance form of rrdst's rotation quantisation for a port with share w.
+
+    Each rotation hands a chunk of c packets to k ports in turn: every port gets floor(c/k), and the
+    remainder e < k goes one each to the next e ports. A port's deviation from c/k is f or f - 1
+    with f = e/k, variance f (1 - f); over a remainder spread evenly that is (1 - 1/k^2) / 6 (about
+    1/6 whatever k). With w = 1/k: (1 - w^2) / 6 per rotation. (w (1 - w), the multinomial's form,
+    is close at 4 spines and 11 times too small at 64.)
+    """
+    return rotations * (1.0 - w * w) / 6.0
 
 
 def peer_prior(spray: SprayMode, n: float) -> float:
@@ -162,7 +175,7 @@ class PeerCheck:
         w = self.shares()
         wq = w * (1.0 - w)
         s = wq * n
-        u = s if self.spray is not SprayMode.RRDST else wq * self.rot
+        u = s if self.spray is not SprayMode.RRDST else rrdst_unit(w, self.rot)
         mask = self.usable & ready[:, None] & (wq > 0)
         u = np.where(mask, u, 1.0)
         cls = 0
@@ -187,7 +200,7 @@ class PeerCheck:
         n = self.learn_n[a]
         wq = wm * (1 - wm)
         deficit = wm * n - self.learn_c[a]
-        u = wq * n if self.spray is not SprayMode.RRDST else wq * self.rot * self.cfg.learn_pulses
+        u = wq * n if self.spray is not SprayMode.RRDST else rrdst_unit(wm, self.rot) * self.cfg.learn_pulses
         var = self.noise.variance(u, 0 if self.spray is not SprayMode.RR else rr_class(n / self.cfg.learn_pulses))
         z = deficit / np.sqrt(var)
         for k in np.flatnonzero(self.usable[a]):
