@@ -151,7 +151,6 @@ def test_targets_any_onset(spray, size, rate, budget, at_start, onset):
 
 def test_learning_is_not_poisoned_by_a_fault_present_from_the_start():
     """rr, 0.5% from the first pulse: the noise factor learned meanwhile stays near the healthy one."""
-    healthy, _ = None, None
     spec = ModelSpec(spray="rr", seed=4, faults={"spine1->leaf2": 0.005})
     _, dets_h = run(ModelSpec(spray="rr", seed=4), 120, 999)
     events, dets_f = run(spec, 120, 0)

@@ -111,7 +111,6 @@ class Samples:
     expected: np.ndarray
     observed: np.ndarray
     cls: np.ndarray | int = 0   # noise class per cell (see NoiseModel)
-    frac: np.ndarray | None = None  # spine: share of each leaf's traffic going to each other leaf
     start_time: float | None = None  # of the pulse these samples judge (the spine judges one pulse late)
 
 
@@ -263,12 +262,12 @@ class SpineCheck:
         if prev is None:
             z = np.zeros(self.shape)
             return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, z)
-        now = self._explain_away(prev.r, prev)
-        nxt = np.where(cur.mask, self._explain_away(cur.r, cur), 0.0)
-        r = np.where(now > 0, np.minimum(now, np.maximum(nxt, 0.0)), now)
+        nxt = np.where(cur.mask, cur.r, 0.0)
+        r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
         return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
 
     def _balance(self, pc: PulseCounts) -> Samples:
+        """One pulse's balance per port, retransmissions explained away (judged a pulse later)."""
         L = self.L
         counts = pc.data if pc.data is not None else pc.ip
         out = counts[:L, 1, 1:L + 1].astype(float)  # [port b (dest leaf), source a]
@@ -280,15 +279,12 @@ class SpineCheck:
         expected = kappa * y
         mask = self.judged & (inn >= self.cfg.min_cell_pkts) & (expected >= self.cfg.min_cell_pkts)
         u = np.where(mask, inn + expected, 1.0)
+        # a deficit at b, less the surplus of the ports whose traffic flows into b (retransmissions)
+        gap = expected - inn
         frac = np.divide(sent, inn[:, None], out=np.zeros_like(sent), where=inn[:, None] > 0)   # f(a->b)
-        return Samples(expected - inn, u, expected, mask, expected, inn, frac=frac)
-
-    @staticmethod
-    def _explain_away(gap: np.ndarray, smp: Samples) -> np.ndarray:
-        """Deficit at b less the surplus of the ports whose traffic flows into b (retransmissions)."""
-        surplus = np.where(smp.mask, np.maximum(0.0, -gap), 0.0)
-        resent = smp.frac.T @ surplus
-        return np.where(gap > 0, gap - np.minimum(gap, resent), gap)
+        resent = frac.T @ np.where(mask, np.maximum(0.0, -gap), 0.0)
+        r = np.where(gap > 0, gap - np.minimum(gap, resent), gap)
+        return Samples(r, u, expected, mask, expected, inn)
 
     def learn(self, smp: Samples) -> None:
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 
 from flowpulse.errors import SpecError
@@ -84,7 +84,7 @@ class DetectorConfig:
                 raise bad(name, f"must be an integer in [{low}, {high}]")
         if self.switches is not None and (not isinstance(self.switches, int) or self.switches < 1):
             raise bad("switches", "must be a positive integer")
-        return self if model is self.model else _replace(self, model=model)
+        return self if model is self.model else replace(self, model=model)
 
     def alpha(self, fabric_switches: int) -> float:
         """Per-switch, per-pulse false-alarm probability from the fabric-wide daily budget."""
@@ -111,9 +111,3 @@ class DetectorConfig:
         if "magnitudes" in d and isinstance(d["magnitudes"], list):
             d["magnitudes"] = tuple(d["magnitudes"])
         return cls(**d).validate()
-
-
-def _replace(cfg: DetectorConfig, **kw) -> DetectorConfig:
-    from dataclasses import replace
-
-    return replace(cfg, **kw)

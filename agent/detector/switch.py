@@ -67,14 +67,12 @@ class SwitchDetector:
         self.alpha = self.cfg.alpha(len(fabric.switches))
         self.book = AlertBook(self.cfg.update_every)
         self.pending: deque[tuple[int, list]] = deque()
-        self.pulses_seen = 0
         self.pulses_used = 0
         self.last_scores: dict[int, float] = {}
         self.last_ln_arl = 0.0
 
     # -- the per-pulse step ----------------------------------------------------------
     def observe(self, pc: PulseCounts) -> list[Alert]:
-        self.pulses_seen += 1
         if pc.nports != self.nports:
             raise ValueError(f"{self.switch}: pulse has {pc.nports} ports, the fabric model {self.nports}")
         if pc.total < self.cfg.min_pulse_pkts:
