@@ -8,6 +8,8 @@ behaviour: onset anywhere, job changes, repair, restart, the learned model.
 """
 from __future__ import annotations
 
+import statistics
+
 import json
 import math
 
@@ -134,19 +136,24 @@ def test_corruption_caught_in_the_first_pulse_that_carries_it(onset):
     ("random", 64 * MiB, 0.01, 16, 16)])
 @pytest.mark.parametrize("onset", [0, 150])
 def test_targets_any_onset(spray, size, rate, budget, at_start, onset):
-    """The issue's targets on the default fabric: caught within ``budget`` faulty pulses.
+    """The issue's targets on the default fabric: caught within ``budget`` faulty pulses (the median of
+    five runs; every run within ``at_start``, the bound before anything is learned).
 
     rr before anything was learned (onset 0) is bounded by its prior noise factor (5x the recorded
     one: theta 1.9 per pulse at 1%, CUSUM theory ~8 pulses; 0.97 at 0.5%, ~30): ``at_start``.
     Random spraying at 64 MiB, 1%: the optimal CUSUM at this budget (1 false alert a day for the
     8 switches at 1 pulse/s) needs 10.3 pulses on average (test_delay_within_1_2_of_cusum_theory
-    measures the mean); one run is held to 16."""
-    spec = ModelSpec(spray=spray, size=size, seed=11, faults={"spine2->leaf1": rate})
+    measures the mean); one run (the model is slow at that size) is held to 16."""
     allowed = budget if onset else at_start
-    events, _ = run(spec, onset + allowed, onset)
-    hits = alerts(events, "spine2->leaf1")
-    assert hits, f"{spray} {rate} not caught within {allowed} pulses of onset {onset}"
-    assert not [a for i, a in alerts(events) if i < onset]
+    delays = []
+    for seed in ((11,) if size >= 64 * MiB else (11, 12, 13, 14, 15)):
+        spec = ModelSpec(spray=spray, size=size, seed=seed, faults={"spine2->leaf1": rate})
+        events, _ = run(spec, onset + at_start, onset)
+        hits = alerts(events, "spine2->leaf1")
+        assert hits, f"{spray} {rate} seed {seed} not caught within {at_start} pulses of onset {onset}"
+        delays.append(hits[0][0] - onset + 1)
+        assert not [a for i, a in alerts(events) if i < onset]
+    assert statistics.median(delays) <= allowed, (spray, rate, onset, delays)
 
 
 def test_learning_is_not_poisoned_by_a_fault_present_from_the_start():

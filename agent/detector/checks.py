@@ -25,7 +25,10 @@ from certified-healthy pulses (:meth:`learn`).
   leaf ``L``'s fabric outflow is estimated from the spine's per-destination
   counts of packets from ``L`` (``x``) and its inflow from the per-source
   counts of packets to ``L`` (``y``); a loss ``p`` on ``leafL->spineK``
-  lowers ``x`` and leaves ``y``, so ``r = in_L (y / x - 1) = p * expected``.
+  lowers ``x`` and leaves ``y``, so ``r = in_L (y / x - 1)``; leaf ``L`` resends
+  the lost packets over all spines, a share ``kappa`` (this spine's share of
+  its outflow) back through this one, so ``r = p (1 - kappa) expected``: the same
+  packets a leaf downstream misses, so the spine's and the leaves' rates agree.
   Ports whose pairs do not all cross this spine (links out of service) are
   not judged. Retransmissions are explained away: a loss anywhere on the way
   from leaf ``a`` to leaf ``Z`` makes ``a`` resend, which raises ``Z``'s
@@ -60,6 +63,7 @@ import numpy as np
 
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.noise import NoiseModel
+from agent.detector.verdict import Ledger
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_num
 
@@ -253,11 +257,13 @@ class SpineCheck:
         self.port_of_cell = np.arange(L)                                # port a faces leaf a
         self._held: Samples | None = None                               # the pulse waiting for its successor
         self.noise = NoiseModel(SPINE_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
+        self.ledger = Ledger(L)                                         # the owner's verdict evidence, per port
 
     def samples(self, pc: PulseCounts) -> Samples:
         """The previous pulse's samples, its deficits as far as this pulse confirms them."""
-        cur = self._balance(pc)
+        cur, r_own = self._balance(pc)
         cur.start_time = pc.start_time
+        self.ledger.add(pc.start_time, r_own, self.noise.variance(cur.u), cur.s, cur.mask)
         prev, self._held = self._held, cur
         if prev is None:
             z = np.zeros(self.shape)
@@ -266,8 +272,9 @@ class SpineCheck:
         r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
         return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
 
-    def _balance(self, pc: PulseCounts) -> Samples:
-        """One pulse's balance per port, retransmissions explained away (judged a pulse later)."""
+    def _balance(self, pc: PulseCounts) -> tuple[Samples, np.ndarray]:
+        """One pulse's balance per port, retransmissions explained away (judged a pulse later), and the
+        per-pulse deficit the owner's verdicts use (see :mod:`agent.detector.verdict`)."""
         L = self.L
         counts = pc.data if pc.data is not None else pc.ip
         out = counts[:L, 1, 1:L + 1].astype(float)  # [port b (dest leaf), source a]
@@ -279,12 +286,25 @@ class SpineCheck:
         expected = kappa * y
         mask = self.judged & (inn >= self.cfg.min_cell_pkts) & (expected >= self.cfg.min_cell_pkts)
         u = np.where(mask, inn + expected, 1.0)
+        # a loss p on leafb->spineK loses p * inn; leaf b resends them over all spines, a share kappa
+        # through this one: the deficit is p * inn * (1 - kappa), the same packets the leaves miss
+        s = expected * (1.0 - np.minimum(kappa, 1.0))
         # a deficit at b, less the surplus of the ports whose traffic flows into b (retransmissions)
         gap = expected - inn
         frac = np.divide(sent, inn[:, None], out=np.zeros_like(sent), where=inn[:, None] > 0)   # f(a->b)
-        resent = frac.T @ np.where(mask, np.maximum(0.0, -gap), 0.0)
+        surplus = np.where(mask, np.maximum(0.0, -gap), 0.0)
+        resent = frac.T @ surplus
         r = np.where(gap > 0, gap - np.minimum(gap, resent), gap)
-        return Samples(r, u, expected, mask, expected, inn)
+        # Verdicts (an upstream or a downstream loss for a leaf's alert?) explain away only surpluses of
+        # ports that are not also b's successors (with two leaves in the job each is the other's both, the
+        # alarm test's explanation cancels every deficit, and a loss downstream of b shows as b's
+        # surplus), and only beyond two standard deviations: every noise surplus would otherwise take
+        # its half-normal mean (0.4 sd) off b's deficit and bias the verdict towards "intact".
+        sd = np.sqrt(self.noise.variance(u))
+        one_way = frac * (sent.T == 0)
+        resent_own = one_way.T @ np.where(mask, np.maximum(0.0, -gap - 2.0 * sd), 0.0)
+        r_own = np.where(gap > 0, gap - np.minimum(gap, resent_own), gap)
+        return Samples(r, u, s, mask, expected, inn), r_own
 
     def learn(self, smp: Samples) -> None:
         return None
@@ -294,11 +314,17 @@ class SpineCheck:
         link = Link(f"leaf{a}", self.switch)
         return Suspect(a, "in", f"leaf{a}", link, (link,))
 
+    def owned_cell(self, link: Link) -> int | None:
+        """The cell that judges ``link`` (this spine's port from a leaf), if any."""
+        if link.dst != self.switch or not link.src.startswith("leaf"):
+            return None
+        return node_num(link.src)
+
     def state(self) -> dict:
-        return {}
+        return {"ledger": self.ledger.state()}
 
     def load(self, d: dict) -> None:
-        return None
+        self.ledger.load(d.get("ledger", []))
 
 
 class CorruptionCheck:

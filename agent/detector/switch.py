@@ -37,10 +37,11 @@ from agent.detector.arl import budget_ln_arl
 from agent.detector.checks import CorruptionCheck, PeerCheck, Samples, SpineCheck, Suspect
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
+from agent.detector.verdict import LinkEvidence, evidence_from
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 class SwitchDetector:
@@ -130,14 +131,13 @@ class SwitchDetector:
         if ci < 0:
             rate, ci95, onset, onset_time, deficit = self.poisson.estimate(idx[0])
             sus, kind, test = self.corruption.suspects(idx), "corruption", "corruption"
-            expected = observed = None
+            per_rate = None
         else:
             rate, ci95, onset, onset_time, deficit = self.banks[ci].estimate(idx)
             chk = self.checks[ci]
             sus, kind, test = chk.suspects(idx), "loss", chk.kind
             j = self.banks[ci].best(idx)
-            expected = float(self.banks[ci].sum_s[(j,) + idx])
-            observed = expected - float(self.banks[ci].sum_r[(j,) + idx])
+            per_rate = float(self.banks[ci].sum_s[(j,) + idx])
         link, cands = sus.link, list(sus.candidates)
         prev = self.book.open.get(aid)
         suspects = [self.checks[c].suspects(x) for c, x in cells | (prev.cells if prev else set()) if c >= 0]
@@ -153,8 +153,8 @@ class SwitchDetector:
                      [round(ci95[0], 6), round(ci95[1], 6)], round(score, 3), self.pulses_used - onset, pc.pulse,
                      pc.start_time, onset, onset_time,
                      {"test": test, "source": sus.source, "deficit": round(deficit, 1),
-                      "expected": None if expected is None else round(expected, 1),
-                      "observed": None if observed is None else round(observed, 1),
+                      "deficit_per_unit_rate": None if per_rate is None else round(per_rate, 1),
+                      "rate_sd": round((ci95[1] - rate) / 1.96, 6),
                       "window_start": onset_time, "ln_arl": round(self.last_ln_arl, 3)})
 
     def _findings(self, pc: PulseCounts) -> list[Alert]:
@@ -252,6 +252,17 @@ class SwitchDetector:
             return False
         chk = self.checks[0]
         return bool((chk.learn_pulses < self.cfg.learn_pulses).any() and chk.learn_pulses.any())
+
+    # -- the owner's verdicts (see agent.detector.verdict) -----------------------------------
+    def owned_evidence(self, link: Link, since: float) -> LinkEvidence | None:
+        """This switch's evidence on a link it owns, from pulses that started at or after ``since``;
+        None if it does not judge that link."""
+        chk = next((c for c in self.checks if hasattr(c, "owned_cell")), None)
+        cell = chk.owned_cell(link) if chk is not None else None
+        if cell is None:
+            return None
+        open_ = any(oa.alert.kind == "loss" and oa.alert.link == link.name for oa in self.book.open.values())
+        return evidence_from(chk.ledger, cell, since, link.name, self.switch, open_)
 
     def noise_factors(self) -> dict[str, float]:
         return {c.kind: c.noise.phi for c in self.checks}

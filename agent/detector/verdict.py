@@ -1,0 +1,139 @@
+"""The owner's verdict on a link it owns, and how a downstream switch's alert is settled by it.
+
+Every directed fabric link has an owner: its downstream switch. A spine owns
+``leafA->spineK`` (what arrives on its port from leaf A); a leaf owns
+``spineK->leafM``. A leaf's deficit on uplink K for traffic from a single source
+leaf A points at two links, ``spineK->leafM`` (its own) and ``leafA->spineK``
+(spine K's). The leaf does not look at spine K's counters: it asks spine K for
+its *verdict* on ``leafA->spineK`` since the leaf's own estimated onset.
+
+A verdict is the owner's likelihood for the loss rate on its link over a time
+window: per judged pulse the owner's balance test gives a deficit ``r`` with
+null variance ``V`` and the deficit ``s`` a unit loss rate would cause; the
+sufficient statistics ``a = r s / V`` and ``b = s^2 / V`` summed over the window
+give the rate estimate ``q = sum a / sum b`` with standard deviation
+``1 / sqrt(sum b)``. The owner keeps them per pulse in a :class:`Ledger` (a
+bounded ring) and exports them like its alerts (no counters are exchanged).
+Only pulses that started at or after the onset count: evidence from before the
+fault cannot vote.
+
+:func:`settle` compares the two hypotheses on the owner's estimate ``q``:
+
+* upstream (``leafA->spineK`` drops at the leaf's rate ``p``): the owner misses
+  the same packets, ``q ~ N(p, sd_q^2 + sd_p^2 + (MODEL_ERROR p)^2)``;
+* downstream (``spineK->leafM`` drops): the owner's link is intact and leaf A's
+  retransmissions even add to what it receives: ``q ~ N(mu, sd_q^2)`` with
+  ``mu <= 0`` (the most likely such ``mu``, i.e. ``min(q, 0)``).
+
+It decides when the log-likelihood ratio passes ``ln(DECIDE_LR)`` either way
+(Wald: a wrong decision has probability below ``1 / DECIDE_LR``), and waits
+otherwise. An owner with an alert open on the link has already decided.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+DECIDE_LR = 100.0      # odds either way before an ambiguous alert names a link
+MODEL_ERROR = 0.25     # one sd of the owner's deficit relative to the leaf's (retransmission timing, spray)
+LEDGER_PULSES = 256    # pulses an owner keeps (at 1 Hz: four minutes)
+SLACK_S = 0.05         # pulses of one iteration start within this of each other at every switch
+
+
+class Verdict(str, Enum):
+    UPSTREAM = "upstream"       # the owner's link is lossy
+    DOWNSTREAM = "downstream"   # the owner's link is intact: the asking switch's own link is lossy
+    UNDECIDED = "undecided"     # not enough evidence yet
+    UNJUDGED = "unjudged"       # the owner does not judge this link (out of service, too little traffic)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class LinkEvidence:
+    """An owner's evidence on one link over a window: what it exports."""
+
+    link: str
+    owner: str
+    rate: float          # estimated loss rate (can be negative: more arrived than expected)
+    sd: float            # its standard deviation (inf when nothing was judged)
+    pulses: int          # judged pulses in the window
+    alert_open: bool     # the owner has a loss alert open on this link
+
+    def to_dict(self) -> dict:
+        return {"link": self.link, "owner": self.owner, "rate": round(self.rate, 6),
+                "sd": None if math.isinf(self.sd) else round(self.sd, 6), "pulses": self.pulses,
+                "alert_open": self.alert_open}
+
+
+class Ledger:
+    """Per pulse and cell the sufficient statistics of an owner's test, for the last ``LEDGER_PULSES`` pulses."""
+
+    def __init__(self, ncells: int, maxlen: int = LEDGER_PULSES) -> None:
+        self.ncells = ncells
+        self.rows: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=maxlen)
+
+    def add(self, start_time: float, r: np.ndarray, v: np.ndarray, s: np.ndarray, mask: np.ndarray) -> None:
+        a = np.where(mask, r * s / v, 0.0)
+        b = np.where(mask, s * s / v, 0.0)
+        self.rows.append((float(start_time), a, b, mask.astype(np.int64)))
+
+    def window(self, cell: int, since: float) -> tuple[float, float, int]:
+        """(sum a, sum b, judged pulses) over pulses that started at or after ``since``."""
+        sa = sb = 0.0
+        n = 0
+        for t, a, b, m in self.rows:
+            if t >= since - SLACK_S and m[cell]:
+                sa += float(a[cell])
+                sb += float(b[cell])
+                n += 1
+        return sa, sb, n
+
+    def state(self) -> list:
+        return [[t, a.tolist(), b.tolist(), m.tolist()] for t, a, b, m in self.rows]
+
+    def load(self, rows: list) -> None:
+        self.rows.clear()
+        for t, a, b, m in rows:
+            if len(a) != self.ncells:
+                raise ValueError(f"saved ledger has {len(a)} cells, expected {self.ncells}")
+            self.rows.append((float(t), np.asarray(a, float), np.asarray(b, float), np.asarray(m, np.int64)))
+
+
+def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str, alert_open: bool) -> LinkEvidence:
+    sa, sb, n = ledger.window(cell, since)
+    if sb <= 0:
+        return LinkEvidence(link, owner, 0.0, math.inf, n, alert_open)
+    return LinkEvidence(link, owner, sa / sb, 1.0 / math.sqrt(sb), n, alert_open)
+
+
+def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 2) -> tuple[Verdict, float]:
+    """Upstream or downstream for a downstream alert of estimated ``rate`` (sd ``rate_sd``), given the
+    owner's evidence since the alert's onset; returns the verdict and the log-likelihood ratio (upstream
+    against downstream). ``min_pulses``: a pulse cut in two by a stall moves packets between pulses, so
+    the owner's window must hold at least two."""
+    if ev is None:
+        return Verdict.UNJUDGED, 0.0
+    if ev.alert_open:
+        return Verdict.UPSTREAM, math.inf
+    if math.isinf(ev.sd):
+        return Verdict.UNJUDGED, 0.0
+    if ev.pulses < min_pulses:
+        return Verdict.UNDECIDED, 0.0
+    p = max(rate, 0.0)
+    var_up = ev.sd ** 2 + rate_sd ** 2 + (MODEL_ERROR * p) ** 2
+    var_dn = ev.sd ** 2
+    mu_dn = min(ev.rate, 0.0)
+    llr = (-0.5 * (ev.rate - p) ** 2 / var_up - 0.5 * math.log(var_up)) \
+        - (-0.5 * (ev.rate - mu_dn) ** 2 / var_dn - 0.5 * math.log(var_dn))
+    lim = math.log(DECIDE_LR)
+    if llr > lim:
+        return Verdict.UPSTREAM, llr
+    if llr < -lim:
+        return Verdict.DOWNSTREAM, llr
+    return Verdict.UNDECIDED, llr

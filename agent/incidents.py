@@ -1,0 +1,238 @@
+"""Live incidents: one per fault, naming the link an operator takes out of service.
+
+What each switch decides alone, and what is fused from alerts:
+
+* A spine names ``leafA->spineK`` alone (its balance test: the link it owns).
+* Any switch names the link into a port alone when frames arrive damaged on it.
+* A leaf names ``spineK->leafM`` alone when deficits from two or more source
+  leaves share uplink K (only the common link explains them).
+* A leaf's deficit on uplink K from a single source leaf A is ambiguous between
+  its own ``spineK->leafM`` and spine K's ``leafA->spineK``. It is settled by
+  spine K's *verdict* on the link spine K owns (an open alert there, or the
+  evidence of its balance test since the leaf's onset; see
+  :mod:`agent.detector.verdict`). No counters are exchanged and nothing is probed.
+  Until the verdict is in, the incident is ``localizing`` and names both
+  candidates; a link is never named from evidence older than the onset.
+
+The :class:`IncidentTracker` consumes the alert events of the switches it
+serves and publishes incident events (JSON lines, the live view, the
+``flowpulse_incident`` Prometheus series): ``open`` when a fault first shows,
+``localized`` when an ambiguous one gets its link (the incident continues
+under that link's id; ``previous_id`` names the one it was), ``update`` when alerts join or its rate moves, and
+``resolved`` once all its alerts have cleared. An incident's id is its link
+(``leaf1->spine3``) or, while it is localizing, its candidates joined by ``|``:
+two processes that see the same fault publish the same id.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from agent.detector.verdict import Ledger, LinkEvidence, Verdict, evidence_from, settle
+from netns_testbed.topo import Fabric, Link, node_kind
+
+
+class EvidenceSource(Protocol):
+    def evidence(self, owner: str, link: Link, since: float) -> LinkEvidence | None: ...
+
+
+class LocalEvidence:
+    """Verdicts of detectors running in this process (``agent --all``, experiments, replay, model)."""
+
+    def __init__(self, detectors: Callable[[], dict]) -> None:
+        self.detectors = detectors
+
+    def evidence(self, owner: str, link: Link, since: float) -> LinkEvidence | None:
+        det = self.detectors().get(owner)
+        return det.owned_evidence(link, since) if det is not None else None
+
+
+class VerdictFiles:
+    """Verdicts exported by agents in other processes: ``<dir>/<switch>.json``, replaced atomically
+    after every pulse by the owner (:func:`write_verdicts`). Stale files (older than ``max_age_s``)
+    are ignored: an owner that stopped has no verdict."""
+
+    def __init__(self, directory: Path, local: EvidenceSource | None = None, max_age_s: float = 30.0) -> None:
+        self.dir, self.local, self.max_age_s = directory, local, max_age_s
+
+    def evidence(self, owner: str, link: Link, since: float) -> LinkEvidence | None:
+        if self.local is not None:
+            ev = self.local.evidence(owner, link, since)
+            if ev is not None:
+                return ev
+        try:
+            d = json.loads((self.dir / f"{owner}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if time.time() - float(d.get("written", 0)) > self.max_age_s or link.name not in d.get("cells", {}):
+            return None
+        ledger = Ledger(int(d["ncells"]))
+        ledger.load(d["ledger"])
+        return evidence_from(ledger, int(d["cells"][link.name]), since, link.name, owner,
+                             link.name in d.get("open_links", []))
+
+
+def write_verdicts(directory: Path, det) -> None:
+    """Export a detector's verdict evidence for agents in other processes (nothing if it owns no test)."""
+    chk = next((c for c in det.checks if hasattr(c, "owned_cell")), None)
+    if chk is None:
+        return
+    cells = {}
+    for p in det.fabric.ports[det.switch]:
+        link = Link(p.peer, det.switch)
+        cell = chk.owned_cell(link)
+        if cell is not None:
+            cells[link.name] = cell
+    d = {"written": time.time(), "switch": det.switch, "ncells": chk.ledger.ncells, "cells": cells,
+         "ledger": chk.ledger.state(),
+         "open_links": sorted({oa.alert.link for oa in det.active.values() if oa.alert.kind == "loss" and oa.alert.link})}
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / f"{det.switch}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(d))
+    os.replace(tmp, path)
+
+
+@dataclass
+class Attribution:
+    """What one open alert says about the link."""
+
+    link: str | None
+    candidates: list[str]
+    how: str
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass
+class Incident:
+    incident_id: str
+    link: str | None
+    candidates: list[str]
+    kind: str
+    alerts: dict[str, dict]           # alert id -> its latest event
+    first_time: float
+    how: str
+    evidence: dict = field(default_factory=dict)
+    rate: float = 0.0
+
+    @property
+    def state(self) -> str:
+        return "localized" if self.link else "localizing"
+
+    def event(self, event: str, now: float, reporter: str | None) -> dict:
+        als = list(self.alerts.values())
+        return {"event": event, "incident_id": self.incident_id, "time": now, "state": self.state if event != "resolved"
+                else "resolved", "link": self.link, "candidates": list(self.candidates), "kind": self.kind,
+                "estimated_rate": round(max((a["estimated_rate"] for a in als), default=self.rate), 6),
+                "onset_time": min((a.get("onset_time") or a["time"] for a in als), default=self.first_time),
+                "first_time": self.first_time, "alerts": sorted(self.alerts),
+                "switches": sorted({a["switch"] for a in als}), "how": self.how, "evidence": self.evidence,
+                **({"reporter": reporter} if reporter else {})}
+
+
+class IncidentTracker:
+    """Alert events in, incident events out (see the module docstring)."""
+
+    def __init__(self, fabric: Fabric, evidence: EvidenceSource, reporter: str | None = None) -> None:
+        self.fabric = fabric
+        self.source = evidence
+        self.reporter = reporter
+        self.alerts: dict[str, dict] = {}                 # open alert id -> latest event
+        self.decided: dict[str, Attribution] = {}         # alert id -> a settled ambiguity (sticky)
+        self.incidents: dict[str, Incident] = {}
+        self.history: list[dict] = []                     # every incident event published
+
+    # -- input ---------------------------------------------------------------------------
+    def feed(self, event: dict, now: float | None = None) -> list[dict]:
+        aid = event["alert_id"]
+        if event["event"] == "resolved":
+            self.alerts.pop(aid, None)
+            self.decided.pop(aid, None)
+        else:
+            self.alerts[aid] = event
+        return self.tick(event["time"] if now is None else now)
+
+    # -- attribution of one alert -----------------------------------------------------------
+    def attribute(self, a: dict) -> Attribution:
+        if a.get("link"):
+            return Attribution(a["link"], [a["link"]], f"named by {a['switch']}")
+        cands = list(a.get("candidates") or [])
+        if a["alert_id"] in self.decided:
+            return self.decided[a["alert_id"]]
+        ups = [self.fabric.parse_link(c) for c in cands if node_kind(self.fabric.parse_link(c).dst) == "spine"]
+        downs = [c for c in cands if node_kind(self.fabric.parse_link(c).dst) != "spine"]
+        if len(ups) != 1 or len(downs) != 1:
+            return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
+        up, down = ups[0], downs[0]
+        since = float(a.get("onset_time") or a.get("pulse_start") or a["time"])
+        ev = self.source.evidence(up.dst, up, since)
+        rate = float(a["estimated_rate"])
+        sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
+        verdict, llr = settle(ev, rate, sd)
+        detail = {"owner": up.dst, "verdict": str(verdict),
+                  "llr_upstream": None if math.isinf(llr) else round(llr, 2),
+                  **({"owner_evidence": ev.to_dict()} if ev else {})}
+        if verdict is Verdict.UPSTREAM:
+            att = Attribution(up.name, [up.name], f"{up.dst}'s verdict: its link from {up.src} is lossy", detail)
+        elif verdict is Verdict.DOWNSTREAM:
+            att = Attribution(down, [down], f"{up.dst}'s verdict: its link from {up.src} is intact", detail)
+        else:
+            why = "no verdict from " + up.dst if verdict is Verdict.UNJUDGED else "waiting for " + up.dst + "'s verdict"
+            return Attribution(None, cands, f"localizing: {why}", detail)
+        self.decided[a["alert_id"]] = att
+        return att
+
+    # -- incidents ----------------------------------------------------------------------------
+    def tick(self, now: float) -> list[dict]:
+        """Re-attribute the open alerts; publish what changed."""
+        want: dict[str, tuple[Attribution, list[dict]]] = {}
+        for a in self.alerts.values():
+            att = self.attribute(a)
+            key = att.link or "|".join(sorted(att.candidates))
+            if key in want:
+                want[key][1].append(a)
+            else:
+                want[key] = (att, [a])
+        events: list[dict] = []
+        renamed: dict[str, Incident] = {}
+        for iid, inc in list(self.incidents.items()):
+            if iid in want:
+                continue
+            del self.incidents[iid]
+            moved = [k for k, (att, als) in want.items() if att.link and any(x["alert_id"] in inc.alerts for x in als)]
+            if moved and inc.link is None and moved[0] not in self.incidents:
+                renamed[moved[0]] = inc           # an ambiguous incident got its link: it continues under it
+            elif not moved:
+                events.append(inc.event("resolved", now, self.reporter))
+        for key, (att, als) in want.items():
+            kind = "corruption" if any(a["kind"] == "corruption" for a in als) else \
+                "loss" if any(a["kind"] == "loss" for a in als) else als[0]["kind"]
+            inc = self.incidents.get(key)
+            alerts = {a["alert_id"]: a for a in als}
+            rate = max(a["estimated_rate"] for a in als)
+            if inc is None:
+                prev = renamed.get(key)
+                inc = Incident(key, att.link, sorted(att.candidates), kind, alerts,
+                               prev.first_time if prev else now, att.how, att.evidence, rate)
+                self.incidents[key] = inc
+                ev = inc.event("localized" if prev else "open", now, self.reporter)
+                if prev:
+                    ev["previous_id"] = prev.incident_id
+                events.append(ev)
+                continue
+            changed = set(alerts) != set(inc.alerts) or kind != inc.kind or \
+                abs(rate - inc.rate) > max(0.2 * inc.rate, 0.001)
+            inc.alerts, inc.kind, inc.how, inc.evidence = alerts, kind, att.how, att.evidence or inc.evidence
+            if changed:
+                inc.rate = rate
+                events.append(inc.event("update", now, self.reporter))
+        self.history.extend(events)
+        return events
+
+    def open(self) -> list[Incident]:
+        return sorted(self.incidents.values(), key=lambda i: i.first_time)

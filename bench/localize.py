@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Localization over random faults: the agents' live incidents on model-generated counters.
+
+Each trial draws a fabric shape, a collective size, a fault (directed
+leaf-spine link, drop or corruption, rate 0.5-2%) and an onset after 20-300
+healthy pulses; every switch's own detector judges its counts, and the live
+incident tracker (the one ``agent --all`` runs) names links from the alerts and
+the owners' verdicts. Reported over all trials:
+
+* detected: a relevant alert after the onset;
+* localized within one iteration of detection: an incident naming the faulty
+  link at most one pulse after the first relevant alert;
+* localized at all (before the trial ends);
+* incidents naming a healthy link (must be zero), false alerts.
+
+    python bench/localize.py --trials 100
+    python bench/localize.py --trials 20 --shapes 32x64x4 --sizes 64 --onset 250 260   # paper scale
+
+Runtime: about 3 s a trial at 4x4 on one core.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.model import ModelSpec  # noqa: E402
+from analysis.modelrun import run_model  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
+
+SHAPES = ["2x2x1", "2x4x2", "3x3x2", "3x4x1", "4x2x2", "4x4x2", "4x4x1"]
+
+
+def shape(text: str) -> FabricSpec:
+    leaves, spines, hosts = (int(x) for x in text.split("x"))
+    return FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts, mtu=9000 if spines > 8 else 1500)
+
+
+def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_range: tuple[int, int],
+          after: int, kinds: list[str]) -> dict:
+    rng = random.Random(seed)
+    fs = shape(rng.choice(shapes))
+    fab = Fabric(fs)
+    link = rng.choice(fab.fabric_links()).name
+    kind = rng.choice(kinds)
+    rate = round(rng.uniform(0.005, 0.02), 4)
+    onset = rng.randint(*onset_range)
+    size = rng.choice(sizes) << 20
+    spec = ModelSpec(fabric=fs, size=size, spray=spray, seed=seed, mss=8948 if fs.mtu == 9000 else 1448)
+    run = run_model(spec, onset + after, {onset: {"drop" if kind == "drop" else "corrupt": {link: rate}}})
+    alerts = [a for a in run.alerts if a["event"] == "alert"]
+    rel = [a for a in alerts if a["iteration"] >= onset and (a["link"] == link or link in a["candidates"])]
+    false = [a for a in alerts if a not in rel]
+    first = min((a["iteration"] for a in rel), default=None)
+    named = [e for e in run.incidents if e.get("link") and e["event"] != "resolved"]
+    right = [e["iteration"] for e in named if e["link"] == link]
+    wrong = sorted({e["link"] for e in named if e["link"] != link})
+    return {"seed": seed, "shape": f"{fs.leaves}x{fs.spines}x{fs.hosts_per_leaf}", "size_mib": size >> 20,
+            "link": link, "kind": kind, "rate": rate, "onset": onset, "detected": first is not None,
+            "iters_to_detect": None if first is None else first - onset + 1,
+            "localized": bool(right), "iters_detect_to_localize": None if not right or first is None
+            else min(right) - first, "wrong_links": wrong, "false_alerts": len(false)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0, help="first trial's seed")
+    p.add_argument("--shapes", nargs="+", default=SHAPES, help="LxSxH fabric shapes to draw from")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16], help="collective sizes (MiB) to draw from")
+    p.add_argument("--spray", default="rrdst", choices=("rrdst", "rr", "random"))
+    p.add_argument("--kinds", nargs="+", default=["drop", "corrupt"], choices=("drop", "corrupt"))
+    p.add_argument("--onset", type=int, nargs=2, default=(20, 300), metavar=("MIN", "MAX"),
+                   help="healthy pulses before the fault")
+    p.add_argument("--after", type=int, default=15, help="faulty pulses per trial")
+    p.add_argument("--json", action="store_true", help="print every trial as JSON")
+    args = p.parse_args()
+    rows = []
+    t0 = time.time()
+    for i in range(args.trials):
+        rows.append(trial(args.seed + i, args.shapes, args.sizes, args.spray, tuple(args.onset), args.after, args.kinds))
+        r = rows[-1]
+        print(f"[{time.time() - t0:5.0f}s] {i + 1}/{args.trials} {r['shape']} {r['size_mib']}MiB {r['kind']} "
+              f"{r['rate']:.2%} {r['link']}: detect {r['iters_to_detect']}, localize +{r['iters_detect_to_localize']}"
+              + (f" WRONG {r['wrong_links']}" if r["wrong_links"] else ""), file=sys.stderr)
+    n = len(rows)
+    det = [r for r in rows if r["detected"]]
+    quick = [r for r in det if r["iters_detect_to_localize"] is not None and r["iters_detect_to_localize"] <= 1]
+    lags = [r["iters_detect_to_localize"] for r in det if r["iters_detect_to_localize"] is not None]
+    summary = {"trials": n, "spray": args.spray, "detected": len(det),
+               "median_iters_to_detect": statistics.median(r["iters_to_detect"] for r in det) if det else None,
+               "localized_within_1_iter_of_detection": len(quick),
+               "localized_by_end": sum(r["localized"] for r in rows),
+               "median_detect_to_localize": statistics.median(lags) if lags else None,
+               "max_detect_to_localize": max(lags) if lags else None,
+               "trials_naming_a_healthy_link": sum(bool(r["wrong_links"]) for r in rows),
+               "false_alerts": sum(r["false_alerts"] for r in rows), "seconds": round(time.time() - t0, 1)}
+    if args.json:
+        print(json.dumps({"summary": summary, "trials": rows}, indent=1))
+        return 0
+    for k, v in summary.items():
+        print(f"{k:38} {v}")
+    misses = [r for r in rows if not r["localized"] or r["wrong_links"]]
+    for r in misses[:20]:
+        print(f"  not localized right: {r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
