@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from agent.detector import Alert, DetectorConfig, SwitchDetector
+from agent.incidents import IncidentTracker, LocalEvidence, VerdictFiles, write_verdicts
 from agent.pulse import PulseCounts
 from agent.reader import PulseReader
 from netns_testbed.state import Testbed
@@ -37,6 +38,7 @@ class AgentOptions:
     record: Path | None = None          # directory for pulses-<switch>.jsonl
     degraded: list[str] | None = None   # links known to be lossy: not tested
     poll_s: float = 0.01
+    export_verdicts: bool = True        # write this switch's verdict evidence for agents in other processes
     persist: bool = True                # keep detector state in the testbed's state dir across restarts
     save_every: int = 10                # pulses between state saves (and at exit)
 
@@ -72,6 +74,10 @@ class SwitchAgent:
                               self.tb.state.weights, self.tb.out_of_service, degraded)
 
     # -- detector state across restarts -------------------------------------------------
+    @property
+    def verdict_dir(self) -> Path:
+        return self.tb.dir / "verdicts"
+
     @property
     def state_path(self) -> Path:
         return self.tb.dir / "detector" / f"{self.switch}.json"
@@ -121,6 +127,8 @@ class SwitchAgent:
             events = self.detector.observe(pc)
             if events or self.pulses % self.opts.save_every == 0:
                 self.save_state()
+            if self.opts.export_verdicts:
+                write_verdicts(self.verdict_dir, self.detector)
             if self._rec:
                 rec = pc.to_dict()
                 rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
@@ -169,14 +177,26 @@ class JsonLinesSink:
             self.f.close()
 
 
+def make_tracker(agents: list[SwitchAgent], reporter: str | None = None) -> IncidentTracker:
+    """The incident tracker for agents in this process: their own verdicts in memory, other switches'
+    from the verdict files their agents export."""
+    local = LocalEvidence(lambda: {a.switch: a.detector for a in agents})
+    tb = agents[0].tb
+    return IncidentTracker(tb.fabric, VerdictFiles(agents[0].verdict_dir, local), reporter)
+
+
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
-               on_tick: Callable[[list[SwitchAgent]], None] | None = None, tick_s: float = 1.0) -> None:
+               on_tick: Callable[[list[SwitchAgent]], None] | None = None, tick_s: float = 1.0,
+               tracker: IncidentTracker | None = None,
+               incident_sinks: list[Callable[[dict], None]] | None = None) -> None:
     """Poll every agent until ``stop`` is set; SIGHUP means "accept the current fabric state".
 
     The poller must run inside each idle gap between pulses (it copies counters
     only then), so it raises its own priority: on a box whose cores are busy with
     the training job, a default-priority poller can sleep through a 150 ms gap and
     fold two pulses into one record (still exact, but coarser).
+
+    Every alert event goes to ``tracker``; its incident events to ``incident_sinks``.
     """
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), AGENT_NICE)
@@ -186,21 +206,37 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGHUP, lambda *_: hup.set())
     next_tick = time.monotonic() + tick_s
+    sinks = list(incident_sinks or [])
+
+    def publish(incs: list[dict]) -> None:
+        for inc in incs:
+            log.warning("incident %s %s: %s (%s)", inc["event"], inc["incident_id"], inc["state"], inc["how"])
+            for sink in sinks:
+                sink(inc)
+
     while not stop.is_set():
         if hup.is_set():
             hup.clear()
             for a in agents:
                 a.accept()
+        pulsed = False
         for a in agents:
-            a.step()
+            n = a.pulses
+            events = a.step()
+            pulsed |= a.pulses != n
+            if tracker is not None:
+                for ev in events:
+                    publish(tracker.feed(ev.to_dict(), now=time.time()))
+        if tracker is not None and pulsed and tracker.alerts:
+            publish(tracker.tick(time.time()))
         if on_tick and time.monotonic() >= next_tick:
             on_tick(agents)
             next_tick = time.monotonic() + tick_s
         stop.wait(poll_s)
 
 
-def live_view(agents: list[SwitchAgent]) -> str:
-    """A terminal screen: per switch its pulses, worst port and active alerts."""
+def live_view(agents: list[SwitchAgent], tracker: IncidentTracker | None = None) -> str:
+    """A terminal screen: per switch its pulses, worst port and active alerts; then the incidents."""
     lines = [f"FlowPulse live view  {time.strftime('%H:%M:%S')}   (Ctrl-C to stop)", "",
              f"{'SWITCH':8} {'PULSES':>6} {'STATE':9} {'WORST PORT':14} {'SCORE':>6}  ALERTS"]
     for a in agents:
@@ -209,8 +245,14 @@ def live_view(agents: list[SwitchAgent]) -> str:
         worst = max(scores.items(), key=lambda kv: kv[1]) if scores else None
         state = "learning" if det.warming_up else "watching"
         alerts = [f"{oa.alert.kind}:{oa.alert.link or '|'.join(oa.alert.candidates)}"
-                  f"@{oa.alert.estimated_rate:.2%}" for oa in det.active.values()]
+                  f"@{oa.alert.estimated_rate:.2%}" for oa in list(det.active.values())]
         wp = f"{worst[0]} ({a.tb.fabric.port(a.switch, worst[0]).ifname})" if worst else "-"
         lines.append(f"{a.switch:8} {a.pulses:>6} {state:9} {wp:14} {worst[1] if worst else 0:>6.1f}  "
                      + (", ".join(alerts) or "-"))
+    if tracker is not None:
+        lines += ["", f"{'INCIDENT':34} {'STATE':10} {'KIND':10} {'RATE':>7}  HOW"]
+        for inc in tracker.open():
+            lines.append(f"{inc.incident_id:34} {inc.state:10} {inc.kind:10} {inc.rate:>7.2%}  {inc.how}")
+        if not tracker.incidents:
+            lines.append("-")
     return "\n".join(lines)

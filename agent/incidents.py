@@ -236,3 +236,26 @@ class IncidentTracker:
 
     def open(self) -> list[Incident]:
         return sorted(self.incidents.values(), key=lambda i: i.first_time)
+
+
+def summarize(history: list[dict]) -> list[dict]:
+    """One row per incident from its events (an ambiguous incident that got its link is one incident):
+    the link it ended with, when it opened, was localized and resolved, and how it was decided."""
+    rows: dict[str, dict] = {}
+    for ev in history:
+        iid = ev["incident_id"]
+        if ev["event"] == "localized" and ev.get("previous_id") in rows:
+            row = rows.pop(ev["previous_id"])
+            rows[iid] = row
+        row = rows.setdefault(iid, {"incident_id": iid, "first_time": ev["time"], "localized_time": None,
+                                    "resolved_time": None, "alerts": [], "candidates": []})
+        row.update({"incident_id": iid, "link": ev["link"], "kind": ev["kind"], "how": ev["how"],
+                    "state": ev["state"], "estimated_rate": ev["estimated_rate"], "onset_time": ev["onset_time"],
+                    "switches": ev["switches"], "evidence": ev["evidence"]})
+        row["candidates"] = sorted(set(row["candidates"]) | set(ev["candidates"]))
+        row["alerts"] = sorted(set(row["alerts"]) | set(ev["alerts"]))
+        if ev["link"] and row["localized_time"] is None:
+            row["localized_time"] = ev["time"]
+        if ev["event"] == "resolved":
+            row["resolved_time"] = ev["time"]
+    return sorted(rows.values(), key=lambda r: r["first_time"])

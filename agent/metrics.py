@@ -11,11 +11,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from agent.daemon import SwitchAgent
+from agent.incidents import IncidentTracker
 
 
 class AgentCollector:
-    def __init__(self, agents: list[SwitchAgent]) -> None:
+    def __init__(self, agents: list[SwitchAgent], tracker: IncidentTracker | None = None) -> None:
         self.agents = agents
+        self.tracker = tracker
 
     def collect(self) -> Iterable:
         pulses = CounterMetricFamily("flowpulse_pulses", "Pulses (collective iterations) judged", labels=["switch"])
@@ -64,13 +66,27 @@ class AgentCollector:
                 active.add_metric(labels, 1.0)
                 rate.add_metric(labels, al.estimated_rate)
         yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, busy)
+        if self.tracker is not None:
+            inc = GaugeMetricFamily("flowpulse_incident",
+                                    "1 per open incident: link is the one named, or the candidates joined by | while "
+                                    "localizing; candidates: the links its first alerts pointed at",
+                                    labels=["incident", "link", "candidates", "kind", "state"])
+            irate = GaugeMetricFamily("flowpulse_incident_estimated_rate", "Estimated rate of an open incident",
+                                      labels=["incident", "link", "candidates", "kind", "state"])
+            for i in list(self.tracker.incidents.values()):
+                cands = "|".join(sorted({c for a in i.alerts.values() for c in a.get("candidates") or []}))
+                labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state]
+                inc.add_metric(labels, 1.0)
+                irate.add_metric(labels, i.rate)
+            yield from (inc, irate)
 
 
-def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
+def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
+          tracker: IncidentTracker | None = None) -> CollectorRegistry:
     """Start the HTTP endpoint (loopback by default: agents' data is not for the world)."""
     from prometheus_client import start_http_server
 
     reg = CollectorRegistry()
-    reg.register(AgentCollector(agents))
+    reg.register(AgentCollector(agents, tracker))
     start_http_server(port, addr=addr, registry=reg)
     return reg

@@ -8,6 +8,7 @@ Run directory::
 
     report.json          the contract (faults, alerts, iterations, detection)
     alerts.jsonl         every alert event of every switch's agent
+    incidents.jsonl      every live incident event (one incident per fault, naming the link)
     pulses/pulses-<switch>.jsonl   per-switch per-port pulse counters (+ scores)
     workload/            rank logs, per-rank results, workload.json
     baselines.json       what interface-counter and host-retransmission monitors saw
@@ -21,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, run_agents
+from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, make_tracker, run_agents
+from agent.incidents import summarize
 from agent.pulse import PulseCounts
 from analysis import baselines
-from analysis.localize import incidents as make_incidents, latest_events
 from analysis.scoring import detection_summary
 from analysis.spec import ExperimentSpec, ScheduledFault
 from netns_testbed import builder, faults as fault_ops
@@ -98,12 +99,15 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     stop = threading.Event()
     agents: list[SwitchAgent] = []
     sink = JsonLinesSink(out / "alerts.jsonl")
+    inc_sink = JsonLinesSink(out / "incidents.jsonl")
     sched = None
     t_start = time.time()
     try:
         aopts = AgentOptions(cfg=spec.detector, record=out / "pulses")
         agents = [SwitchAgent(tb, sw, aopts, sinks=[sink]) for sw in tb.fabric.switches]
-        th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
+        tracker = make_tracker(agents)
+        th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
+                              kwargs={"tracker": tracker, "incident_sinks": [inc_sink]})
         th.start()
         say(f"agents watching {len(agents)} switches")
         base_before = baselines.snapshot(tb)
@@ -128,9 +132,9 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         for a in agents:
             a.close()
         sink.close()
+        inc_sink.close()
         builder.down(spec.prefix)
     events = [json.loads(l) for l in (out / "alerts.jsonl").read_text().splitlines() if l.strip()]
-    pulses = load_pulses(out / "pulses")
     fault_rows = [{"link": sf.fault.link, "kind": sf.fault.kind, "rate": sf.fault.effective_rate,
                    "spec": sf.fault.describe(), "start": sched.applied.get(sf.fault.link) if sched else None,
                    "end": fault_end if sched and sf.fault.link in sched.applied else None}
@@ -139,7 +143,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     iterations = [{"index": it["index"], "start": it["start"], "end": it["end"], "duration_s": it["duration_s"],
                    "retrans_segs": sum(it.get("retrans_segs", [])), "tx_bytes": sum(it["tx_bytes"])}
                   for it in job.iterations]
-    incs = make_incidents(tb.fabric, events, pulses)
+    incs = summarize([json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines() if l.strip()])
     alerts = report_alerts(events)
     base = baselines.evaluate(tb.fabric, base_before, base_after, job, applied)
     (out / "baselines.json").write_text(json.dumps(base, indent=2))
@@ -152,7 +156,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
                    "links": [l.name for l in tb.fabric.links()]},
         "faults": fault_rows,
         "alerts": alerts,
-        "incidents": [i.to_dict() for i in incs],
+        "incidents": incs,
         "iterations": iterations,
         "workload": {"ok": job.ok, "failure": job.failure, "failed_rank": job.failed_rank, **job.summary},
         "detection": detection_summary(applied, alerts, iterations, incs),
@@ -166,7 +170,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
 
 def report_alerts(events: list[dict]) -> list[dict]:
     """One entry per alert (its first event), with the link its later updates settled on."""
-    latest = latest_events(events)
+    latest = {ev["alert_id"]: ev for ev in events if ev["event"] != "resolved"}
     out = []
     for ev in events:
         if ev["event"] != "alert":

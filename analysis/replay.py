@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from agent.detector import DetectorConfig, SwitchDetector
+from agent.incidents import IncidentTracker, LocalEvidence, summarize
 from agent.pulse import PulseCounts
-from analysis.localize import incidents as make_incidents
 from analysis.scoring import detection_summary
 from flowpulse.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
@@ -19,20 +19,26 @@ from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
 def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: DetectorConfig,
                   spray: SprayMode, weights: dict | None = None, oos_texts: list[str] | None = None,
-                  degraded: list[str] | None = None) -> list[dict]:
-    """Each switch's detector over its own pulses; events in time order."""
+                  degraded: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """Each switch's detector over its own pulses, all switches' pulses in time order (as live), and
+    the incident tracker over their alerts: (alert events, incident events)."""
     oos = [l for t in oos_texts or [] for l in fabric.parse_links(t)]
     deg = [l for t in degraded or [] for l in fabric.parse_links(t)]
-    events = []
-    for sw, seq in pulses.items():
-        det = SwitchDetector(fabric, sw, cfg, spray, weights, oos, deg)
-        for pc in seq:
-            for a in det.observe(pc):
-                d = a.to_dict()
-                if "iter" in pc.meta:
-                    d["iteration"] = pc.meta["iter"]
-                events.append(d)
-    return sorted(events, key=lambda e: (e["time"], e.get("iteration") or 0))
+    dets = {sw: SwitchDetector(fabric, sw, cfg, spray, weights, oos, deg) for sw in pulses}
+    tracker = IncidentTracker(fabric, LocalEvidence(lambda: dets))
+    events: list[dict] = []
+    order = sorted(((pc.end_time, i, sw, pc) for sw, seq in pulses.items() for i, pc in enumerate(seq)),
+                   key=lambda x: (x[0], x[1]))
+    for end, _, sw, pc in order:
+        for a in dets[sw].observe(pc):
+            d = a.to_dict()
+            if "iter" in pc.meta:
+                d["iteration"] = pc.meta["iter"]
+            events.append(d)
+            tracker.feed(d, now=end)
+        if tracker.alerts:
+            tracker.tick(end)
+    return events, tracker.history
 
 
 def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = None) -> dict:
@@ -49,13 +55,13 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
     spec = report["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     pulses = load_pulses(path / "pulses")
-    events = run_detectors(fabric, pulses, cfg, SprayMode.parse(spec["spray"]), None, spec.get("out_of_service"),
-                           degraded)
+    events, inc_events = run_detectors(fabric, pulses, cfg, SprayMode.parse(spec["spray"]), None,
+                                       spec.get("out_of_service"), degraded)
     alerts = report_alerts(events)
     applied = [f for f in report["faults"] if f.get("start")]
-    incs = make_incidents(fabric, events, pulses)
+    incs = summarize(inc_events)
     return {"pulses": sum(len(v) for v in pulses.values()), "spray": spec["spray"], "events": events,
-            "incidents": [i.to_dict() for i in incs],
+            "incidents": incs,
             "detection": detection_summary(applied, alerts, report["iterations"], incs)}
 
 
@@ -63,7 +69,7 @@ def _replay_trace(path: Path, cfg: DetectorConfig, degraded: list[str] | None) -
     from analysis.traces import load_trace
 
     tr = load_trace(path)
-    events = run_detectors(tr.fabric, tr.pulses, cfg, SprayMode.parse(tr.spray), degraded=degraded)
+    events, inc_events = run_detectors(tr.fabric, tr.pulses, cfg, SprayMode.parse(tr.spray), degraded=degraded)
     det = None
     if tr.fault_link:
         rel = [e for e in events if e["event"] == "alert" and (e.get("iteration") or 0) >= tr.fault_iter
@@ -74,4 +80,10 @@ def _replay_trace(path: Path, cfg: DetectorConfig, degraded: list[str] | None) -
                "false_alerts": len(false)}
     else:
         det = {"fault": None, "false_alerts": sum(1 for e in events if e["event"] == "alert")}
-    return {"pulses": sum(len(v) for v in tr.pulses.values()), "spray": tr.spray, "events": events, "detection": det}
+    incs = summarize(inc_events)
+    if tr.fault_link:
+        named = [i["link"] for i in incs if i.get("link")]
+        det.update({"localized": tr.fault_link in named,
+                    "incidents_naming_healthy_links": sorted({l for l in named if l != tr.fault_link})})
+    return {"pulses": sum(len(v) for v in tr.pulses.values()), "spray": tr.spray, "events": events,
+            "incidents": incs, "detection": det}

@@ -1,8 +1,6 @@
 """Score alerts against the injected truth: the ``detection`` part of report.json."""
 from __future__ import annotations
 
-from analysis.localize import Incident
-
 SLACK_S = 0.05  # clock slack between the fault switch-on and pulse stamps
 
 
@@ -23,7 +21,7 @@ def relevant(alert: dict, fault: dict) -> bool:
 
 
 def detection_summary(faults: list[dict], alerts: list[dict], iterations: list[dict],
-                      incidents: list[Incident]) -> dict:
+                      incidents: list[dict]) -> dict:
     """True/false positives, missed faults, time and iterations to detect, localisation."""
     per_fault = []
     used: set[int] = set()
@@ -43,10 +41,14 @@ def detection_summary(faults: list[dict], alerts: list[dict], iterations: list[d
                 "first_alert_names_link": a.get("link") == f["link"],
                 "first_alert_candidates_hold_link": f["link"] in a.get("candidates", []),
             })
-            inc = next((x for x in incidents if f["link"] in x.candidates or x.link == f["link"]), None)
-            row["localized_link"] = inc.link if inc else None
-            row["localization_correct"] = bool(inc and inc.link == f["link"])
-            row["localization_how"] = inc.how if inc else None
+            # the incident of this fault: the one naming its link, else one that still has it as a candidate
+            inc = next((x for x in incidents if x.get("link") == f["link"]), None) or \
+                next((x for x in incidents if f["link"] in x["candidates"]), None)
+            row["localized_link"] = inc.get("link") if inc else None
+            row["localization_correct"] = bool(inc and inc.get("link") == f["link"])
+            row["localization_how"] = inc["how"] if inc else None
+            row["seconds_to_localize"] = round(inc["localized_time"] - f["start"], 3) \
+                if inc and inc.get("localized_time") and row["localization_correct"] else None
         else:
             row.update({"localized_link": None, "localization_correct": False, "iterations_to_detect": None,
                         "seconds_to_detect": None})
@@ -57,8 +59,10 @@ def detection_summary(faults: list[dict], alerts: list[dict], iterations: list[d
         t0 = min(f["start"] for f in faults)
         healthy_iters = sum(1 for it in iterations if it["end"] < t0)
     detected = [r for r in per_fault if r["detected"]]
+    truth = {f["link"] for f in faults}
     return {
         "faults": len(faults),
+        "incidents_naming_healthy_links": sorted({i["link"] for i in incidents if i.get("link") and i["link"] not in truth}),
         "true_positives": len(detected),
         "missed_faults": len(faults) - len(detected),
         "false_positives": len(false_alerts),

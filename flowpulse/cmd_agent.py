@@ -36,13 +36,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n  sudo flowpulse agent --switch leaf2\n"
                "  sudo flowpulse agent --all --alerts alerts.jsonl --metrics-port 9580\n"
                "  sudo flowpulse agent --all --live\n"
+               "  sudo flowpulse agent --all --incidents incidents.jsonl --json\n"
                "Send SIGHUP to accept the fabric's current state (e.g. a link taken out of service): the\n"
-               "detectors then relearn. Each switch's detector uses only its own counters.")
+               "detectors then relearn. Each switch's detector uses only its own counters; a leaf's alert\n"
+               "that points at two links is settled by the verdict of the other link's owner (exported by\n"
+               "its agent under the testbed's state directory), and one incident per fault names the link.")
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--switch", action="append", default=[], help="switch to watch (repeatable)")
     who.add_argument("--all", action="store_true", help="every switch of the testbed")
     add_detector_args(p)
     p.add_argument("--alerts", type=Path, help="append JSON-lines alert events to this file")
+    p.add_argument("--incidents", type=Path, help="append JSON-lines incident events (one incident per fault, "
+                                                  "naming the link) to this file")
     p.add_argument("--record", type=Path, help="directory to record every pulse (pulses-<switch>.jsonl) for replay")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address for the metrics endpoint")
@@ -54,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, live_view, run_agents
+    from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, live_view, make_tracker, run_agents
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
 
@@ -67,6 +72,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
                         poll_s=args.poll_ms / 1000)
     sink = JsonLinesSink(args.alerts, stdout=args.json)
     agents = [SwitchAgent(tb, sw, opts, sinks=[sink]) for sw in switches]
+    tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
+    inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
     piddir = tb.dir / "pids"
     piddir.mkdir(exist_ok=True)
     pidfile = piddir / f"agent-{os.getpid()}.pid"
@@ -74,16 +81,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         from agent.metrics import serve
 
-        serve(agents, args.metrics_port, args.metrics_addr)
+        serve(agents, args.metrics_port, args.metrics_addr, tracker)
         print(f"[agent] metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics", file=sys.stderr)
     stop = threading.Event()
     if args.duration:
         threading.Timer(args.duration, stop.set).start()
     print(f"[agent] watching {', '.join(switches)} on testbed {tb.prefix} (spray {tb.state.spray}, "
           f"model {args.model})", file=sys.stderr)
-    tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags), flush=True)) if args.live else None
+    tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags, tracker), flush=True)) if args.live else None
     try:
-        run_agents(agents, stop, opts.poll_s, on_tick=tick)
+        run_agents(agents, stop, opts.poll_s, on_tick=tick, tracker=tracker, incident_sinks=[inc_sink])
     except KeyboardInterrupt:
         pass
     except RuntimeError as e:  # maps gone: the testbed went down under us
@@ -94,5 +101,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
         for a in agents:
             a.close()
         sink.close()
+        inc_sink.close()
         pidfile.unlink(missing_ok=True)
     return 0

@@ -15,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # --- system packages -------------------------------------------------------
-pkgs=(bpfcc-tools python3-bpfcc iproute2 ethtool prometheus python3-venv iperf3 iputils-ping)
+pkgs=(bpfcc-tools python3-bpfcc iproute2 ethtool prometheus prometheus-alertmanager python3-venv iperf3 iputils-ping)
 if ! [ -d "/lib/modules/$(uname -r)/build" ]; then
     # Distribution headers for the running kernel if they exist, else the
     # distribution's generic ones (tc programs use only stable uapi structs).
@@ -35,7 +35,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -q >&2
     apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
     # Debian starts the prometheus service on install; the tests start their own.
-    if command -v systemctl >/dev/null 2>&1; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+    if command -v systemctl >/dev/null 2>&1; then
+        systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
+    fi
 fi
 
 # --- kernel headers for BCC --------------------------------------------------

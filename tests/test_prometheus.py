@@ -27,6 +27,33 @@ def test_rules_check_and_unit_tests():
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
+def test_alertmanager_config_pages_incidents_only():
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool missing: scripts/setup.sh installs Debian's prometheus-alertmanager package"
+    cfg = str(DEPLOY / "alertmanager" / "alertmanager.yml")
+    r = subprocess.run([amtool, "check-config", cfg], capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    for labels, receiver in ((["alertname=FlowPulseLinkFault", "severity=page", "incident=leaf0->spine2"], "oncall"),
+                             (["alertname=FlowPulseSwitchAlert", "severity=info"], "null")):
+        r = subprocess.run([amtool, "config", "routes", "test", "--config.file", cfg, *labels],
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == receiver, (labels, r.stdout, r.stderr)
+
+
+def test_incident_series_exported():
+    from agent.incidents import IncidentTracker
+    from agent.metrics import AgentCollector
+    from netns_testbed.topo import Fabric, FabricSpec
+
+    tr = IncidentTracker(Fabric(FabricSpec()), evidence=None)
+    tr.feed({"event": "alert", "alert_id": "spine2/0/in/loss", "time": 1.0, "switch": "spine2", "port": 0,
+             "link": "leaf0->spine2", "candidates": ["leaf0->spine2"], "kind": "loss", "estimated_rate": 0.01})
+    fams = {m.name: m for m in AgentCollector([], tr).collect()}
+    (sample,) = fams["flowpulse_incident"].samples
+    assert sample.labels == {"incident": "leaf0->spine2", "link": "leaf0->spine2", "candidates": "leaf0->spine2",
+                             "kind": "loss", "state": "localized"} and sample.value == 1.0
+
+
 def test_dashboard_uses_exported_metrics():
     from agent.metrics import AgentCollector
 

@@ -1,0 +1,86 @@
+"""Live incidents on model counters: owners' verdicts settle leaves' ambiguous alerts, never from before the onset."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agent.detector.verdict import LinkEvidence, Verdict, settle
+from agent.incidents import IncidentTracker, summarize
+from analysis.model import ModelSpec
+from analysis.modelrun import run_model
+from netns_testbed.topo import Fabric, FabricSpec
+
+
+def named(run) -> set[str]:
+    return {e["link"] for e in run.incidents if e.get("link")}
+
+
+@pytest.mark.parametrize("link", ["spine1->leaf2", "leaf1->spine1", "leaf3->spine0", "spine0->leaf0"])
+def test_fault_after_250_healthy_pulses_is_named_right(link):
+    """The leaf's first alert is ambiguous; the owner's verdict names the right link, and no other."""
+    run = run_model(ModelSpec(size=16 << 20, seed=7), 262, {250: {"drop": {link: 0.01}}})
+    first = min(a["iteration"] for a in run.alerts if a["event"] == "alert")
+    assert first >= 250
+    assert named(run) == {link}, [(e["iteration"], e["event"], e["incident_id"], e["how"]) for e in run.incidents]
+    loc = min(e["iteration"] for e in run.incidents if e.get("link") == link)
+    assert loc - first <= 3
+
+
+@pytest.mark.parametrize("links", [("spine2->leaf1", "leaf3->spine0"),      # different switches
+                                   ("leaf1->spine2", "spine2->leaf1"),      # both directions of one link
+                                   ("spine1->leaf3", "spine2->leaf3")])     # same switch, two uplinks
+def test_two_faults_get_two_incidents(links):
+    run = run_model(ModelSpec(size=16 << 20, seed=3), 40, {20: {"drop": {links[0]: 0.015, links[1]: 0.015}}})
+    assert named(run) == set(links), [(e["iteration"], e["event"], e["incident_id"], e["how"]) for e in run.incidents]
+    rows = summarize(run.incidents)
+    assert {r["link"] for r in rows} == set(links)
+
+
+def test_out_of_service_link_silent_while_a_new_fault_is_named():
+    """leaf2->spine3 is out of service (and lossy); a new fault on spine1->leaf0 is named, nothing else."""
+    spec = ModelSpec(size=16 << 20, seed=5, out_of_service=["leaf2->spine3"])
+    run = run_model(spec, 40, {0: {"drop": {"leaf2->spine3": 0.05}}, 20: {"drop": {"leaf2->spine3": 0.05,
+                                                                                  "spine1->leaf0": 0.01}}})
+    assert not [a for a in run.alerts if a["iteration"] < 20]
+    assert named(run) == {"spine1->leaf0"}
+
+
+def test_verdict_uses_only_evidence_from_after_the_onset():
+    """A healthy history of the owner must not vote: the 'upstream' evidence after the onset decides."""
+    fab = Fabric(FabricSpec())
+    calls = []
+
+    class Owner:
+        def evidence(self, owner, link, since):
+            calls.append((owner, link.name, since))
+            return LinkEvidence(link.name, owner, 0.0098, 0.002, 3, False) if since >= 100 else \
+                LinkEvidence(link.name, owner, 0.0001, 0.0002, 103, False)
+
+    tr = IncidentTracker(fab, Owner())
+    alert = {"event": "alert", "alert_id": "leaf2/1/in/loss", "time": 103.5, "switch": "leaf2", "port": 1,
+             "link": None, "candidates": ["spine1->leaf2", "leaf1->spine1"], "kind": "loss",
+             "estimated_rate": 0.01, "onset_time": 100.0, "evidence": {"rate_sd": 0.001}}
+    evs = tr.feed(alert)
+    assert calls == [("spine1", "leaf1->spine1", 100.0)]
+    assert evs[0]["link"] == "leaf1->spine1" and evs[0]["event"] == "open"
+
+
+def test_settle_waits_and_decides_both_ways():
+    up = LinkEvidence("l", "o", 0.01, 0.002, 4, False)
+    down = LinkEvidence("l", "o", -0.002, 0.002, 4, False)
+    vague = LinkEvidence("l", "o", 0.005, 0.005, 4, False)
+    assert settle(up, 0.01, 0.001)[0] is Verdict.UPSTREAM
+    assert settle(down, 0.01, 0.001)[0] is Verdict.DOWNSTREAM
+    assert settle(vague, 0.01, 0.001)[0] is Verdict.UNDECIDED
+    assert settle(LinkEvidence("l", "o", 0.0, math.inf, 0, False), 0.01, 0.001)[0] is Verdict.UNJUDGED
+    assert settle(LinkEvidence("l", "o", 0.01, 0.002, 1, False), 0.01, 0.001)[0] is Verdict.UNDECIDED
+    assert settle(LinkEvidence("l", "o", 0.0, 0.01, 1, True), 0.01, 0.001)[0] is Verdict.UPSTREAM
+
+
+def test_localizing_incident_continues_under_its_link_and_resolves():
+    run = run_model(ModelSpec(size=16 << 20, seed=9), 60, {20: {"drop": {"spine3->leaf1": 0.01}}, 35: {}})
+    kinds = [e["event"] for e in run.incidents]
+    assert kinds[0] == "open" and "resolved" in kinds
+    rows = summarize(run.incidents)
+    assert len(rows) == 1 and rows[0]["link"] == "spine3->leaf1" and rows[0]["resolved_time"]
