@@ -13,7 +13,8 @@ same detector the agent runs. What it models, per iteration (= pulse):
   destinations, whose phase is reshuffled by other traffic about every
   ``rr_burst`` packets;
 * losses: binomial drops (or corruption, counted as damaged frames) on any
-  directed leaf-spine link; lost data packets are retransmitted and sprayed
+  directed leaf-spine link, and drops on host links (``h3->leaf1`` before the
+  leaf counts, ``leaf1->h3`` after); lost data packets are retransmitted and sprayed
   again until delivered; lost ACKs are not resent (cumulative ACKs);
 * spurious retransmissions: spraying reorders packets, and TCP resends a
   fraction ``spurious`` of data packets that were not lost, in bursts of mean
@@ -80,15 +81,26 @@ class FabricModel:
         self.down_loss = np.zeros((S, L))
         self.up_bad = np.zeros((L, S))
         self.down_bad = np.zeros((S, L))
+        self.host_up: dict[tuple[int, int], float] = {}     # (leaf, slot) -> drop rate on hN->leafM
+        self.host_down: dict[tuple[int, int], float] = {}   # (leaf, slot) -> drop rate on leafM->hN
         self.pulse = 0
         self.set_faults(spec.faults, spec.corrupt)
 
     def set_faults(self, drops: dict[str, float], corrupt: dict[str, float] | None = None) -> None:
         for arr in (self.up_loss, self.down_loss, self.up_bad, self.down_bad):
             arr[:] = 0
+        self.host_up, self.host_down = {}, {}
         for table, up, down in ((drops, self.up_loss, self.down_loss), (corrupt or {}, self.up_bad, self.down_bad)):
             for name, p in table.items():
                 link = self.fabric.parse_link(name)
+                hosts = [n for n in (link.src, link.dst) if n.startswith("h")]
+                if hosts:
+                    if table is not drops:
+                        raise ValueError(f"the model corrupts leaf-spine links only, not {name}")
+                    h = hosts[0]
+                    key = (node_num(self.fabric.host_leaf(h)), self.fabric.host_slot(h))
+                    (self.host_up if link.src == h else self.host_down)[key] = p
+                    continue
                 if link.src.startswith("leaf"):
                     up[node_num(link.src), node_num(link.dst)] = p
                 else:
@@ -171,34 +183,38 @@ class FabricModel:
         src = a + 1
         hp_a, hp_b = S + ja, S + jb
         ips = [(leaf_ip, spine_ip)] + ([(leaf_data, spine_data)] if reliable and leaf_data is not None else [])
-        if a == b:
-            for lc, _ in ips:
-                lc[a, hp_a, 0, src] += n
-                lc[a, hp_b, 1, src] += n
-            return
+        q_up, q_dn = self.host_up.get((a, ja), 0.0), self.host_down.get((b, jb), 0.0)
         w = self.shares[a, b]
         pending = n
         for _ in range(50):
             if pending <= 0:
                 break
-            c = self._split(pending, w)
-            lost_up = self.rng.binomial(c, self.up_loss[a])
-            bad_up = self.rng.binomial(c - lost_up, self.up_bad[a])
-            at_spine = c - lost_up - bad_up
-            spine_bad[np.arange(S), a, 0] += bad_up
-            lost_dn = self.rng.binomial(at_spine, self.down_loss[:, b])
-            bad_dn = self.rng.binomial(at_spine - lost_dn, self.down_bad[:, b])
-            arrived = at_spine - lost_dn - bad_dn
-            leaf_bad[b, :S, 0] += bad_dn
-            got = int(arrived.sum())
-            for lc, sc in ips:
-                lc[a, hp_a, 0, src] += pending           # host -> leaf (retransmissions included)
-                lc[a, :S, 1, src] += c                    # leaf a uplinks out
-                sc[np.arange(S), a, 0, src] += at_spine   # spine in from leaf a
-                sc[np.arange(S), b, 1, src] += at_spine   # spine out to leaf b
-                lc[b, :S, 0, src] += arrived              # leaf b uplinks in
-                lc[b, hp_b, 1, src] += got                # leaf b -> host
-            pending = (pending - got) if reliable else 0
+            at_leaf = pending - (int(self.rng.binomial(pending, q_up)) if q_up else 0)   # lost on hN->leaf
+            if a == b:
+                got = at_leaf
+                for lc, _ in ips:
+                    lc[a, hp_a, 0, src] += at_leaf
+                    lc[a, hp_b, 1, src] += got
+            else:
+                c = self._split(at_leaf, w)
+                lost_up = self.rng.binomial(c, self.up_loss[a])
+                bad_up = self.rng.binomial(c - lost_up, self.up_bad[a])
+                at_spine = c - lost_up - bad_up
+                spine_bad[np.arange(S), a, 0] += bad_up
+                lost_dn = self.rng.binomial(at_spine, self.down_loss[:, b])
+                bad_dn = self.rng.binomial(at_spine - lost_dn, self.down_bad[:, b])
+                arrived = at_spine - lost_dn - bad_dn
+                leaf_bad[b, :S, 0] += bad_dn
+                got = int(arrived.sum())
+                for lc, sc in ips:
+                    lc[a, hp_a, 0, src] += at_leaf            # host -> leaf (retransmissions included)
+                    lc[a, :S, 1, src] += c                    # leaf a uplinks out
+                    sc[np.arange(S), a, 0, src] += at_spine   # spine in from leaf a
+                    sc[np.arange(S), b, 1, src] += at_spine   # spine out to leaf b
+                    lc[b, :S, 0, src] += arrived              # leaf b uplinks in
+                    lc[b, hp_b, 1, src] += got                # leaf b -> host
+            delivered = got - (int(self.rng.binomial(got, q_dn)) if q_dn else 0)   # lost on leaf->hN
+            pending = (pending - delivered) if reliable else 0
 
 
 def simulate(spec: ModelSpec, pulses: int, fault_from: int = 0) -> dict[str, list[PulseCounts]]:

@@ -84,3 +84,22 @@ def test_localizing_incident_continues_under_its_link_and_resolves():
     assert kinds[0] == "open" and "resolved" in kinds
     rows = summarize(run.incidents)
     assert len(rows) == 1 and rows[0]["link"] == "spine3->leaf1" and rows[0]["resolved_time"]
+
+
+def test_lossy_leaf_to_host_link_is_named_and_the_reverse_is_invisible():
+    """leafM->hN: the sender's retransmissions make a surplus on that host port against its peer; the
+    leaf names the link alone. hN->leafM: lost before the leaf counts, resent and counted once: no
+    switch's counts change, and nothing is named."""
+    run = run_model(ModelSpec(size=16 << 20, seed=3), 60, {40: {"drop": {"leaf0->h1": 0.01}}})
+    assert named(run) == {"leaf0->h1"}
+    first = min(a["iteration"] for a in run.alerts if a["event"] == "alert")
+    assert 40 <= first <= 45
+    quiet = run_model(ModelSpec(size=16 << 20, seed=3), 60, {40: {"drop": {"h7->leaf3": 0.02}}})
+    assert quiet.alerts == [] and quiet.incidents == []
+
+
+def test_fabric_losses_do_not_look_like_host_links():
+    """Retransmissions after a fabric loss reach the hosts behind it: explained away by the peer test."""
+    for link in ("spine2->leaf1", "leaf0->spine3"):
+        run = run_model(ModelSpec(size=16 << 20, seed=4), 40, {20: {"drop": {link: 0.02}}})
+        assert named(run) == {link}, (link, [(a["switch"], a["link"], a["candidates"]) for a in run.alerts])

@@ -38,3 +38,11 @@ def test_flapping_fault_localized_right(tmp_path):
     assert det["true_positives"] == 1 and det["false_positives"] == 0, det["false_alerts"]
     assert det["incidents_naming_healthy_links"] == [], rep["incidents"]
     assert det["per_fault"][0]["localization_correct"], (det["per_fault"], rep["incidents"])
+
+
+def test_lossy_leaf_to_host_link_named(tmp_path):
+    rep = experiment(tmp_path, faults=["leaf1->h3:drop=0.02@iter=10"], iterations=30, size=8 << 20)
+    det = rep["detection"]
+    assert det["true_positives"] == 1 and det["false_positives"] == 0, det["false_alerts"]
+    assert det["incidents_naming_healthy_links"] == [], rep["incidents"]
+    assert det["per_fault"][0]["localization_correct"], (det["per_fault"], rep["incidents"])

@@ -80,6 +80,9 @@ PEER_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: RR_PRIOR, SprayMode.RRDST: 2.
 # Spine in/out balance, u = in + expected: random 1 (binomial shares on both sides); rr and rrdst:
 # retransmission differences between leaves, 0.041 and 0.028 in the traces: the prior is 0.06.
 SPINE_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: 0.06, SprayMode.RRDST: 0.06}
+# Host egress surplus, u = out + mean of the others / (n - 1): spurious retransmission bursts as in the
+# spine balance, at any spray mode; the prior is 0.1.
+HOST_PRIOR = 0.1
 VAR_FLOOR = 0.25   # packets^2: no count is known better than to half a packet
 
 
@@ -160,6 +163,7 @@ class PeerCheck:
         self.learn_n = np.zeros(L)
         self.learn_pulses = np.zeros(L, dtype=np.int64)
         self.findings: list[tuple[tuple, float, float]] = []   # (cell, rate, z) of asymmetry at start
+        self.last: Samples | None = None
 
     def shares(self) -> np.ndarray:
         if self.cfg.model is Model.ANALYTIC:
@@ -184,7 +188,8 @@ class PeerCheck:
         cls = 0
         if self.spray is SprayMode.RR:
             cls = np.broadcast_to(rr_class(n), self.shape)
-        return Samples(w * n - c, u, s, mask, w * n, c, cls)
+        self.last = Samples(w * n - c, u, s, mask, w * n, c, cls)
+        return self.last
 
     def _learning(self, c: np.ndarray, n: np.ndarray, ready: np.ndarray) -> np.ndarray:
         """Learned model: a source's first ``learn_pulses`` pulses measure its shares (not judged)."""
@@ -325,6 +330,88 @@ class SpineCheck:
 
     def load(self, d: dict) -> None:
         self.ledger.load(d.get("ledger", []))
+
+
+class HostCheck:
+    """Leaves: packets sent to each host against its peer hosts on the same leaf (``leafM->hN``).
+
+    A loss on ``leafM->hN`` happens after the leaf counted the packet; the sender resends it, and the
+    leaf counts it again: a surplus ``p N`` on that host's port. In ring collectives, allgather,
+    reduce-scatter and DDP every rank receives as many data packets as its peers, so each active
+    host port is compared with the mean of the other active ones on this leaf (a host port is active
+    with at least a quarter of the busiest one's packets: hosts outside the job drop out). Fabric
+    losses also bring retransmissions to the hosts behind them: the leaf's own peer test tells how
+    many packets each source leaf lost on the way here (its uplink deficits beyond two standard
+    deviations, divided by ``1 - w``), and they are taken off each host port in proportion to that
+    source's traffic to it. Like the spine's, the surplus must be confirmed by the next pulse. Jobs
+    whose ranks receive unequal volumes every pulse break the premise: ``host_test: false``.
+
+    A loss on ``hN->leafM`` is not visible in any switch's packet counts: it happens before the leaf
+    counts, and the host's retransmission is counted once, as the packet would have been.
+    """
+
+    kind = "host"
+
+    def __init__(self, fabric: Fabric, switch: str, cfg: DetectorConfig, degraded: set[str],
+                 peer: PeerCheck) -> None:
+        self.fabric, self.switch, self.cfg, self.peer = fabric, switch, cfg, peer
+        self.S, self.H = fabric.spec.spines, fabric.spec.hosts_per_leaf
+        self.hosts = fabric.leaf_hosts(switch)
+        self.shape = (self.H,)
+        self.port_of_cell = self.S + np.arange(self.H)
+        self.judged = np.array([f"{switch}->{h}" not in degraded for h in self.hosts])
+        self.noise = NoiseModel(HOST_PRIOR, cfg.prior_dof, VAR_FLOOR)
+        self._held: Samples | None = None
+
+    def samples(self, pc: PulseCounts) -> Samples:
+        """The previous pulse's surpluses, as far as this pulse confirms them."""
+        cur = self._surplus(pc)
+        cur.start_time = pc.start_time
+        prev, self._held = self._held, cur
+        if prev is None:
+            z = np.zeros(self.shape)
+            return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, z)
+        nxt = np.where(cur.mask, cur.r, 0.0)
+        r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
+        return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
+
+    def _surplus(self, pc: PulseCounts) -> Samples:
+        S, H = self.S, self.H
+        counts = pc.data if pc.data is not None else pc.ip
+        to_host = counts[S:S + H, 1, :].astype(float)           # [host, source class]
+        obs = to_host.sum(axis=1)
+        ps = self.peer.last
+        if ps is not None and ps.mask.any():
+            sd = np.sqrt(self.peer.noise.variance(ps.u, ps.cls))
+            w = self.peer.shares()
+            lost = np.where(ps.mask, np.maximum(0.0, ps.r - 2.0 * sd) / np.maximum(1.0 - w, 1e-9), 0.0).sum(axis=1)
+            src = to_host[:, 1:self.peer.L + 1]                   # [host, source leaf]
+            tot = src.sum(axis=0, keepdims=True)
+            frac = np.divide(src, tot, out=np.zeros_like(src), where=tot > 0)
+            obs = obs - np.minimum(frac @ lost, obs)
+        active = self.judged & (obs >= max(self.cfg.min_cell_pkts, 0.25 * float(obs.max(initial=0.0))))
+        n = int(active.sum())
+        if n < 2:
+            z = np.zeros(self.shape)
+            return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, obs)
+        others = (obs[active].sum() - obs) / (n - 1)
+        mask = active & (others >= self.cfg.min_cell_pkts)
+        u = np.where(mask, obs + others / (n - 1), 1.0)
+        return Samples(np.where(mask, obs - others, 0.0), u, others, mask, others, obs)
+
+    def learn(self, smp: Samples) -> None:
+        return None
+
+    def suspects(self, idx: tuple) -> Suspect:
+        (h,) = idx
+        link = Link(self.switch, self.hosts[h])
+        return Suspect(self.S + h, "out", None, link, (link,))
+
+    def state(self) -> dict:
+        return {}
+
+    def load(self, d: dict) -> None:
+        return None
 
 
 class CorruptionCheck:

@@ -53,6 +53,7 @@ class DetectorConfig:
     rotations: int = 0                 # rrdst/rr spray rotations (CPUs of the sprayer); 0: this machine's CPUs
     update_every: int = 16             # pulses between "update" events of an unchanged alert
     spine_test: bool = True            # spines judge each leaf's data balance (ring-shaped collectives)
+    host_test: bool = True             # leaves compare the packets sent to each host with its peers'
 
     def validate(self) -> "DetectorConfig":
         def bad(name: str, why: str) -> SpecError:
@@ -82,6 +83,9 @@ class DetectorConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
                 raise bad(name, f"must be an integer in [{low}, {high}]")
+        for name in ("spine_test", "host_test"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
         if self.switches is not None and (not isinstance(self.switches, int) or self.switches < 1):
             raise bad("switches", "must be a positive integer")
         return self if model is self.model else replace(self, model=model)

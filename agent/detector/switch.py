@@ -34,7 +34,7 @@ from scipy.special import ndtri
 
 from agent.detector.alerts import Alert, AlertBook, OpenAlert
 from agent.detector.arl import budget_ln_arl
-from agent.detector.checks import CorruptionCheck, PeerCheck, Samples, SpineCheck, Suspect
+from agent.detector.checks import CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, Suspect
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
 from agent.detector.verdict import LinkEvidence, evidence_from
@@ -60,8 +60,10 @@ class SwitchDetector:
         self.is_leaf = node_kind(switch) == "leaf"
         self.nports = len(fabric.ports[switch])
         args = (fabric, switch, self.spray, self.cfg, self.weights, self.oos, deg)
-        self.checks: list[PeerCheck | SpineCheck] = [PeerCheck(*args)] if self.is_leaf else \
+        self.checks: list[PeerCheck | SpineCheck | HostCheck] = [PeerCheck(*args)] if self.is_leaf else \
             [SpineCheck(*args)] if self.cfg.spine_test else []
+        if self.is_leaf and self.cfg.host_test and fabric.spec.hosts_per_leaf >= 2:
+            self.checks.append(HostCheck(fabric, switch, self.cfg, deg, self.checks[0]))
         self.banks = [CusumBank(self.cfg.magnitudes, c.shape) for c in self.checks]
         self.corruption = CorruptionCheck(fabric, switch, deg)
         self.poisson = PoissonCusum(self.cfg.corruption_background, self.cfg.corruption_rate, self.nports)
