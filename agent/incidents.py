@@ -6,6 +6,11 @@ What each switch decides alone, and what is fused from alerts:
 * Any switch names the link into a port alone when frames arrive damaged on it.
 * A leaf names ``spineK->leafM`` alone when deficits from two or more source
   leaves share uplink K (only the common link explains them).
+* A leaf sees a surplus of packets sent to host hN against its peer hosts:
+  ``leafM->hN`` lost them after it counted, or ACKs from hN were lost on the
+  way back (an uplink) and the sender resent. It is named ``leafM->hN`` once
+  every uplink's owner judged its link intact since the onset and no other loss
+  is open.
 * A leaf's deficit on uplink K from a single source leaf A is ambiguous between
   its own ``spineK->leafM`` and spine K's ``leafA->spineK``. It is settled by
   spine K's *verdict* on the link spine K owns (an open alert there, or the
@@ -164,6 +169,8 @@ class IncidentTracker:
         cands = list(a.get("candidates") or [])
         if a["alert_id"] in self.decided:
             return self.decided[a["alert_id"]]
+        if (a.get("evidence") or {}).get("test") == "host":
+            return self._host(a, cands)
         ups = [self.fabric.parse_link(c) for c in cands if node_kind(self.fabric.parse_link(c).dst) == "spine"]
         downs = [c for c in cands if node_kind(self.fabric.parse_link(c).dst) != "spine"]
         if len(ups) != 1 or len(downs) != 1:
@@ -184,6 +191,27 @@ class IncidentTracker:
         else:
             why = "no verdict from " + up.dst if verdict is Verdict.UNJUDGED else "waiting for " + up.dst + "'s verdict"
             return Attribution(None, cands, f"localizing: {why}", detail)
+        self.decided[a["alert_id"]] = att
+        return att
+
+    def _host(self, a: dict, cands: list[str]) -> Attribution:
+        """A host port's surplus: ``leafM->hN``, unless the way back of hN's ACKs lost them. Named only when
+        no other loss is open here and every uplink's owner has judged its link intact since the onset
+        (its rate estimate within two standard deviations of zero, no alert open)."""
+        host, ups = cands[0], [self.fabric.parse_link(c) for c in cands[1:]]
+        others = [x for x in self.alerts.values() if x["alert_id"] != a["alert_id"] and x["kind"] == "loss"
+                  and (x.get("evidence") or {}).get("test") != "host"]
+        since = float(a.get("onset_time") or a.get("pulse_start") or a["time"])
+        evs = [self.source.evidence(u.dst, u, since) if self.source is not None else None for u in ups]
+        detail = {"uplinks": [e.to_dict() if e else {"link": u.name, "verdict": "unjudged"} for u, e in zip(ups, evs)]}
+        lossy = [e.link for e in evs if e is not None and (e.alert_open or (not math.isinf(e.sd) and e.pulses >= 2
+                                                                              and e.rate > 2 * e.sd))]
+        if others or lossy:
+            why = f"a loss on {', '.join(lossy)}" if lossy else "another open loss"
+            return Attribution(None, cands, f"localizing: {why} may be resending to {host.split('->')[1]}", detail)
+        if any(e is None or math.isinf(e.sd) or e.pulses < 2 for e in evs):
+            return Attribution(None, cands, "localizing: waiting for the uplinks' owners", detail)
+        att = Attribution(host, [host], f"named by {a['switch']}; its uplinks' owners see them intact", detail)
         self.decided[a["alert_id"]] = att
         return att
 

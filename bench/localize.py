@@ -2,7 +2,8 @@
 """Localization over random faults: the agents' live incidents on model-generated counters.
 
 Each trial draws a fabric shape, a collective size, a fault (directed
-leaf-spine link, drop or corruption, rate 0.5-2%) and an onset after 20-300
+leaf-spine link, drop or corruption, rate 0.5-2%; with --host-links also
+leaf->host links, drops) and an onset after 20-300
 healthy pulses; every switch's own detector judges its counts, and the live
 incident tracker (the one ``agent --all`` runs) names links from the alerts and
 the owners' verdicts. Reported over all trials:
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.model import ModelSpec  # noqa: E402
 from analysis.modelrun import run_model  # noqa: E402
-from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec, Link  # noqa: E402
 
 SHAPES = ["2x2x1", "2x4x2", "3x3x2", "3x4x1", "4x2x2", "4x4x2", "4x4x1"]
 
@@ -43,12 +44,14 @@ def shape(text: str) -> FabricSpec:
 
 
 def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_range: tuple[int, int],
-          after: int, kinds: list[str]) -> dict:
+          after: int, kinds: list[str], host_links: bool = False) -> dict:
     rng = random.Random(seed)
     fs = shape(rng.choice(shapes))
     fab = Fabric(fs)
-    link = rng.choice(fab.fabric_links()).name
-    kind = rng.choice(kinds)
+    pool = fab.fabric_links() + ([Link(leaf, h) for leaf in fab.leaves for h in fab.leaf_hosts(leaf)]
+                                 if host_links and fs.hosts_per_leaf >= 2 else [])
+    link = rng.choice(pool).name
+    kind = rng.choice(kinds) if link.split("->")[1][0] != "h" else "drop"   # the model corrupts fabric links only
     rate = round(rng.uniform(0.005, 0.02), 4)
     onset = rng.randint(*onset_range)
     size = rng.choice(sizes) << 20
@@ -79,12 +82,14 @@ def main() -> int:
     p.add_argument("--onset", type=int, nargs=2, default=(20, 300), metavar=("MIN", "MAX"),
                    help="healthy pulses before the fault")
     p.add_argument("--after", type=int, default=15, help="faulty pulses per trial")
+    p.add_argument("--host-links", action="store_true", help="draw leaf->host links too (drops)")
     p.add_argument("--json", action="store_true", help="print every trial as JSON")
     args = p.parse_args()
     rows = []
     t0 = time.time()
     for i in range(args.trials):
-        rows.append(trial(args.seed + i, args.shapes, args.sizes, args.spray, tuple(args.onset), args.after, args.kinds))
+        rows.append(trial(args.seed + i, args.shapes, args.sizes, args.spray, tuple(args.onset), args.after, args.kinds,
+                          args.host_links))
         r = rows[-1]
         print(f"[{time.time() - t0:5.0f}s] {i + 1}/{args.trials} {r['shape']} {r['size_mib']}MiB {r['kind']} "
               f"{r['rate']:.2%} {r['link']}: detect {r['iters_to_detect']}, localize +{r['iters_detect_to_localize']}"
