@@ -58,11 +58,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_agent)
 
 
+def check_output_file(flag: str, path: Path | None) -> None:
+    """An output file the agent appends to: its directory must exist and it must not be a directory."""
+    from flowpulse.errors import SpecError
+
+    if path is None:
+        return
+    if path.is_dir():
+        raise SpecError(f"{flag} {path}: is a directory; name a file in it, e.g. {path / 'out.jsonl'}")
+    if not path.parent.is_dir():
+        raise SpecError(f"{flag} {path}: directory {path.parent} does not exist; create it or name another file")
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, live_view, make_tracker, run_agents
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
 
+    for flag, path in (("--alerts", args.alerts), ("--incidents", args.incidents)):
+        check_output_file(flag, path)
     require_root()
     tb = Testbed.load(args.prefix)
     switches = tb.fabric.switches if args.all else args.switch

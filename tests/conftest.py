@@ -1,6 +1,7 @@
 """Shared fixtures. Root tests build real testbeds with the prefix ``tf<pid%1000><n>``
-(8 characters, unique within a run); leftovers of killed earlier runs (any ``tf*``
-testbed) are removed at session start and end."""
+(8 characters, unique within a run). Each prefix is registered with the pytest process
+that made it (``/run/flowpulse-tests/<prefix>``); at session start and end the ``tf*``
+testbeds whose process is gone (a killed run) are removed, and nothing of another live run."""
 from __future__ import annotations
 
 import itertools
@@ -23,10 +24,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+OWNERS = Path("/run/flowpulse-tests")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return b"pytest" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _owner(prefix: str) -> int | None:
+    try:
+        return int((OWNERS / prefix).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _test_prefixes() -> list[str]:
+    """Test testbeds that belong to this run or to no live run."""
     from netns_testbed.builder import list_testbeds
 
-    return [p for p in list_testbeds() if p.startswith("tf")]
+    out = []
+    for p in list_testbeds():
+        if not p.startswith("tf"):
+            continue
+        owner = _owner(p)
+        if owner is None or owner == os.getpid() or not _alive(owner):
+            out.append(p)
+    return out
+
+
+def _forget_stale_owners() -> None:
+    if OWNERS.is_dir():
+        for f in OWNERS.iterdir():
+            owner = _owner(f.name)
+            if owner is None or owner == os.getpid() or not _alive(owner):
+                f.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,18 +70,24 @@ def _clean_leftovers():
 
         for p in _test_prefixes():
             down(p)
+        _forget_stale_owners()
     yield
     if IS_ROOT:
         from netns_testbed.builder import down
 
         for p in _test_prefixes():
             down(p)
+        _forget_stale_owners()
 
 
 def new_prefix() -> str:
     n = next(_counter)
     assert n < 1000, "test prefix space exhausted"
-    return f"tf{os.getpid() % 1000:03d}{n:03d}"
+    prefix = f"tf{os.getpid() % 1000:03d}{n:03d}"
+    if IS_ROOT:
+        OWNERS.mkdir(mode=0o700, exist_ok=True)
+        (OWNERS / prefix).write_text(str(os.getpid()))
+    return prefix
 
 
 @pytest.fixture

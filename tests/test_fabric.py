@@ -377,6 +377,17 @@ def test_bad_fault_input(default_testbed):
     assert r.returncode == 4 and "no testbed" in r.stderr
 
 
+@pytest.mark.parametrize("flag,path,word", [("--alerts", "/nonexistent-dir/a.jsonl", "does not exist"),
+                                             ("--incidents", "/nonexistent-dir/i.jsonl", "does not exist"),
+                                             ("--incidents", "/tmp", "is a directory")])
+def test_bad_agent_output_file(flag, path, word):
+    """Checked before anything else (no testbed needed): one line, exit 2."""
+    r = cli("agent", "--all", flag, path, "--prefix", "nosuch")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0] and flag in lines[0], r.stderr
+
+
 def test_not_root_missing_bcc_missing_headers(monkeypatch, capsys):
     from flowpulse.cli import main
 

@@ -70,7 +70,7 @@ def test_dashboard_uses_exported_metrics():
 
 @pytest.mark.root
 def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
-    from agent.daemon import AgentOptions, SwitchAgent, run_agents
+    from agent.daemon import AgentOptions, SwitchAgent, make_tracker, run_agents
     from agent.detector import DetectorConfig
     from agent.metrics import serve
     from analysis.experiment import FaultScheduler
@@ -82,8 +82,10 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
     agents = [SwitchAgent(tb, sw, AgentOptions(cfg=DetectorConfig(), persist=False)) for sw in tb.fabric.switches]
     base = 19500 + (hash(tb.prefix) % 200) * 2
     ports = []
-    for i, a in enumerate(agents):  # one endpoint per switch, as separate agents would have
-        serve([a], base + 10 + i)
+    trackers = []
+    for i, a in enumerate(agents):  # one endpoint and one incident tracker per switch, as separate agents
+        trackers.append(make_tracker([a], reporter=a.switch))   # (other switches' verdicts come from files)
+        serve([a], base + 10 + i, tracker=trackers[-1])
         ports.append(base + 10 + i)
     rules = tmp_path / "flowpulse.rules.yml"
     shutil.copy(DEPLOY / "prometheus" / "flowpulse.rules.yml", rules)
@@ -97,8 +99,10 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
     stop = threading.Event()
     sched = None
-    th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
-    th.start()
+    threads = [threading.Thread(target=run_agents, args=([a], stop, 0.01), kwargs={"tracker": t}, daemon=True)
+               for a, t in zip(agents, trackers)]
+    for th in threads:
+        th.start()
     try:
         sched = FaultScheduler(tb, [parse_scheduled(tb.fabric, "leaf0->spine1:drop=0.05@iter=20")],
                                tmp_path / "job" / "progress.jsonl", lambda m: None)
@@ -110,17 +114,20 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         deadline = time.time() + 20
         while time.time() < deadline and not firing:
             body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{base}/api/v1/alerts", timeout=5).read())
-            firing = [a for a in body["data"]["alerts"]
-                      if a["labels"]["alertname"] == "FlowPulseSilentLinkFault" and a["state"] == "firing"]
+            firing = [a for a in body["data"]["alerts"] if a["labels"]["alertname"] == "FlowPulseLinkFault"
+                      and a["state"] == "firing" and a["labels"]["state"] == "localized"]
             time.sleep(1)
-        assert firing, (tmp_path / "prometheus.log").read_text()[-2000:]
-        assert any("leaf0->spine1" in a["labels"]["link"] for a in firing), firing
+        assert firing, ([(t.reporter, e["event"], e["incident_id"], e["how"], e["evidence"]) for t in trackers
+                          for e in t.history], (tmp_path / "prometheus.log").read_text()[-1000:])
+        # the leaf's ambiguous alert was settled by spine1's verdict, read from the file its agent exports
+        assert {a["labels"]["link"] for a in firing} == {"leaf0->spine1"}, firing
     finally:
         stop.set()
         if sched:
             sched.stop.set()
         prom.terminate()
         prom.wait(timeout=10)
-        th.join(timeout=5)
+        for th in threads:
+            th.join(timeout=5)
         for a in agents:
             a.close()

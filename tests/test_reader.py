@@ -113,7 +113,7 @@ def test_detector_rebuilt_for_new_port_count():
     agent.detector = SwitchDetector(fab, "leaf0", DetectorConfig())
     agent._make_detector = lambda: SwitchDetector(Fabric(FabricSpec(hosts_per_leaf=3)), "leaf0", DetectorConfig())
     agent.switch, agent.pulses, agent._rec, agent.sinks, agent.alerts_total, agent.busy_s = "leaf0", 0, None, [], {}, 0.0
-    agent.opts = type("O", (), {"persist": False, "save_every": 10})()
+    agent.opts = type("O", (), {"persist": False, "save_every": 10, "export_verdicts": False})()
     pc = PulseCounts("leaf0", 1, np.zeros((7, 2, 6), np.int64), np.zeros((7, 2), np.int64))
     agent.reader = type("R", (), {"poll": lambda self: pc})()
     assert agent.step() == [] and agent.detector.nports == 7
