@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from agent.detector import SwitchDetector
 from agent.detector.verdict import Ledger, LinkEvidence, Verdict, evidence_from, settle
 from netns_testbed.topo import Fabric, Link, node_kind
 
@@ -82,20 +83,12 @@ class VerdictFiles:
                              link.name in d.get("open_links", []))
 
 
-def write_verdicts(directory: Path, det) -> None:
-    """Export a detector's verdict evidence for agents in other processes (nothing if it owns no test)."""
-    chk = next((c for c in det.checks if hasattr(c, "owned_cell")), None)
-    if chk is None:
+def write_verdicts(directory: Path, det: SwitchDetector) -> None:
+    """Export a detector's verdict evidence for agents in other processes (nothing if it gives none)."""
+    if det.ledger is None:
         return
-    cells = {}
-    for p in det.fabric.ports[det.switch]:
-        link = Link(p.peer, det.switch)
-        cell = chk.owned_cell(link)
-        if cell is not None:
-            cells[link.name] = cell
-    d = {"written": time.time(), "switch": det.switch, "ncells": chk.ledger.ncells, "cells": cells,
-         "ledger": chk.ledger.state(),
-         "open_links": sorted({oa.alert.link for oa in det.active.values() if oa.alert.kind == "loss" and oa.alert.link})}
+    d = {"written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells, "cells": det.owned_cells(),
+         "ledger": det.ledger.state(), "open_links": sorted(det.open_loss_links())}
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / f"{det.switch}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -143,7 +136,7 @@ class Incident:
 class IncidentTracker:
     """Alert events in, incident events out (see the module docstring)."""
 
-    def __init__(self, fabric: Fabric, evidence: EvidenceSource, reporter: str | None = None) -> None:
+    def __init__(self, fabric: Fabric, evidence: EvidenceSource | None, reporter: str | None = None) -> None:
         self.fabric = fabric
         self.source = evidence
         self.reporter = reporter
@@ -177,7 +170,7 @@ class IncidentTracker:
             return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
         up, down = ups[0], downs[0]
         since = float(a.get("onset_time") or a.get("pulse_start") or a["time"])
-        ev = self.source.evidence(up.dst, up, since)
+        ev = self.source.evidence(up.dst, up, since) if self.source is not None else None
         rate = float(a["estimated_rate"])
         sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
         verdict, llr = settle(ev, rate, sd)

@@ -37,7 +37,7 @@ from agent.detector.arl import budget_ln_arl
 from agent.detector.checks import CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, Suspect
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
-from agent.detector.verdict import LinkEvidence, evidence_from
+from agent.detector.verdict import Ledger, LinkEvidence, evidence_from
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
@@ -256,15 +256,29 @@ class SwitchDetector:
         return bool((chk.learn_pulses < self.cfg.learn_pulses).any() and chk.learn_pulses.any())
 
     # -- the owner's verdicts (see agent.detector.verdict) -----------------------------------
+    @property
+    def ledger(self) -> Ledger | None:
+        """The per-pulse evidence behind this switch's verdicts (spines with the balance test)."""
+        return next((c.ledger for c in self.checks if isinstance(c, SpineCheck)), None)
+
+    def owned_cells(self) -> dict[str, int]:
+        """Links this switch gives verdicts on -> their ledger cell."""
+        chk = next((c for c in self.checks if isinstance(c, SpineCheck)), None)
+        if chk is None:
+            return {}
+        links = (Link(p.peer, self.switch) for p in self.fabric.ports[self.switch])
+        return {l.name: cell for l in links if (cell := chk.owned_cell(l)) is not None}
+
+    def open_loss_links(self) -> set[str]:
+        return {oa.alert.link for oa in self.book.open.values() if oa.alert.kind == "loss" and oa.alert.link}
+
     def owned_evidence(self, link: Link, since: float) -> LinkEvidence | None:
         """This switch's evidence on a link it owns, from pulses that started at or after ``since``;
         None if it does not judge that link."""
-        chk = next((c for c in self.checks if hasattr(c, "owned_cell")), None)
-        cell = chk.owned_cell(link) if chk is not None else None
+        cell = self.owned_cells().get(link.name)
         if cell is None:
             return None
-        open_ = any(oa.alert.kind == "loss" and oa.alert.link == link.name for oa in self.book.open.values())
-        return evidence_from(chk.ledger, cell, since, link.name, self.switch, open_)
+        return evidence_from(self.ledger, cell, since, link.name, self.switch, link.name in self.open_loss_links())
 
     def noise_factors(self) -> dict[str, float]:
         return {c.kind: c.noise.phi for c in self.checks}
