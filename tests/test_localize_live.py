@@ -31,18 +31,18 @@ def test_each_workload_localizes_a_leaf_spine_and_a_spine_leaf_fault_at_once(tmp
     assert set(named) == {"leaf2->spine1", "spine3->leaf0"}
 
 
-def test_flapping_fault_localized_right(tmp_path):
-    """20% drops for 0.3 s every 3.3 s on spine3->leaf0: bursts that hit some iterations and not others."""
-    rep = experiment(tmp_path, faults=["spine3->leaf0:drop=0.2,flap=0.3/3@iter=10"], iterations=40, size=8 << 20)
+def one_fault_named_right(rep) -> None:
     det = rep["detection"]
     assert det["true_positives"] == 1 and det["false_positives"] == 0, det["false_alerts"]
     assert det["incidents_naming_healthy_links"] == [], rep["incidents"]
     assert det["per_fault"][0]["localization_correct"], (det["per_fault"], rep["incidents"])
+
+
+def test_flapping_fault_localized_right(tmp_path):
+    """20% drops for 0.3 s every 3.3 s on spine3->leaf0: bursts that hit some iterations and not others."""
+    one_fault_named_right(experiment(tmp_path, faults=["spine3->leaf0:drop=0.2,flap=0.3/3@iter=10"], iterations=40,
+                                     size=8 << 20))
 
 
 def test_lossy_leaf_to_host_link_named(tmp_path):
-    rep = experiment(tmp_path, faults=["leaf1->h3:drop=0.02@iter=10"], iterations=30, size=8 << 20)
-    det = rep["detection"]
-    assert det["true_positives"] == 1 and det["false_positives"] == 0, det["false_alerts"]
-    assert det["incidents_naming_healthy_links"] == [], rep["incidents"]
-    assert det["per_fault"][0]["localization_correct"], (det["per_fault"], rep["incidents"])
+    one_fault_named_right(experiment(tmp_path, faults=["leaf1->h3:drop=0.02@iter=10"], iterations=30, size=8 << 20))

@@ -122,6 +122,19 @@ class Samples:
     start_time: float | None = None  # of the pulse these samples judge (the spine judges one pulse late)
 
 
+def confirmed(prev: Samples | None, cur: Samples, shape: tuple) -> Samples:
+    """``prev``'s samples with each deficit cut to what the next pulse (``cur``) confirms:
+    ``min(r_t, max(r_t+1, 0))``. A real loss is there in every pulse; a stall that cuts one iteration
+    into two pulses moves packets from one to the other and is not. Nothing to judge before the first
+    pulse has a successor."""
+    if prev is None:
+        z = np.zeros(shape)
+        return Samples(z, np.ones(shape), z, np.zeros(shape, bool), z, z)
+    nxt = np.where(cur.mask, cur.r, 0.0)
+    r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
+    return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
+
+
 @dataclass(frozen=True)
 class Suspect:
     """What one cell's deficit points at."""
@@ -271,12 +284,7 @@ class SpineCheck:
         cur.start_time = pc.start_time
         self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, cur.mask)
         prev, self._held = self._held, cur
-        if prev is None:
-            z = np.zeros(self.shape)
-            return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, z)
-        nxt = np.where(cur.mask, cur.r, 0.0)
-        r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
-        return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
+        return confirmed(prev, cur, self.shape)
 
     def _balance(self, pc: PulseCounts) -> tuple[Samples, np.ndarray, np.ndarray]:
         """One pulse's balance per port, retransmissions explained away (judged a pulse later), and the
@@ -375,12 +383,7 @@ class HostCheck:
         cur = self._surplus(pc)
         cur.start_time = pc.start_time
         prev, self._held = self._held, cur
-        if prev is None:
-            z = np.zeros(self.shape)
-            return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, z)
-        nxt = np.where(cur.mask, cur.r, 0.0)
-        r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
-        return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
+        return confirmed(prev, cur, self.shape)
 
     def _surplus(self, pc: PulseCounts) -> Samples:
         S, H = self.S, self.H
