@@ -23,7 +23,8 @@ The :class:`IncidentTracker` consumes the alert events of the switches it
 serves and publishes incident events (JSON lines, the live view, the
 ``flowpulse_incident`` Prometheus series): ``open`` when a fault first shows,
 ``localized`` when an ambiguous one gets its link (the incident continues
-under that link's id; ``previous_id`` names the one it was), ``update`` when alerts join or its rate moves, and
+under that link's id; ``previous_id`` names the one it was), ``update`` when alerts join, its rate
+moves or the reason changes (e.g. from "no verdict" to "waiting for spine1's verdict"), and
 ``resolved`` once all its alerts have cleared. An incident's id is its link
 (``leaf1->spine3``) or, while it is localizing, its candidates joined by ``|``:
 two processes that see the same fault publish the same id.
@@ -246,7 +247,7 @@ class IncidentTracker:
                     ev["previous_id"] = prev.incident_id
                 events.append(ev)
                 continue
-            changed = set(alerts) != set(inc.alerts) or kind != inc.kind or \
+            changed = set(alerts) != set(inc.alerts) or kind != inc.kind or att.how != inc.how or \
                 abs(rate - inc.rate) > max(0.2 * inc.rate, 0.001)
             inc.alerts, inc.kind, inc.how, inc.evidence = alerts, kind, att.how, att.evidence or inc.evidence
             if changed:

@@ -134,7 +134,7 @@ def text_summary(report: dict) -> str:
                      else f"fault: {f['spec']} (never switched on)")
     for a in report["alerts"]:
         lines.append(f"alert: {a['switch']} port {a['port']} ({a['ifname']}) {a['kind']} "
-                     f"~{a['estimated_rate']:.2%} z={a['score']:.1f} at {a['time'] - report['started']:.1f} s; "
+                     f"~{a['estimated_rate']:.2%} score={a['score']:.1f} at {a['time'] - report['started']:.1f} s; "
                      f"link {a['link'] or 'one of ' + ' / '.join(a['candidates'])}")
     for i in report.get("incidents", []):
         lines.append(f"incident: {i['kind']} on {i['link'] or '?'} ({i['how']})")
