@@ -70,14 +70,57 @@ def check_output_file(flag: str, path: Path | None) -> None:
         raise SpecError(f"{flag} {path}: directory {path.parent} does not exist; create it or name another file")
 
 
+def check_port_free(addr: str, port: int) -> None:
+    """The metrics endpoint's address must be bindable now (before anything is opened or written)."""
+    import socket
+
+    from flowpulse.errors import EnvironmentProblem, SpecError
+
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise SpecError(f"bad --metrics-addr {addr!r}: {e.strerror}; give an IP address such as 127.0.0.1") from None
+    fam, _, _, _, sockaddr = infos[0]
+    with socket.socket(fam, socket.SOCK_STREAM) as sk:
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sk.bind(sockaddr)
+        except OSError as e:
+            raise EnvironmentProblem(f"cannot serve metrics on {addr}:{port}: {e.strerror}; "
+                                     "pick another --metrics-port or --metrics-addr") from None
+
+
+def check_agent_args(args: argparse.Namespace) -> None:
+    """Everything the agent is told, checked before it touches the testbed: one line, exit 2."""
+    import math
+
+    from flowpulse.errors import SpecError
+
+    for flag, path in (("--alerts", args.alerts), ("--incidents", args.incidents)):
+        check_output_file(flag, path)
+    if not (math.isfinite(args.poll_ms) and 1.0 <= args.poll_ms <= 1000.0):
+        raise SpecError(f"bad --poll-ms {args.poll_ms}: between 1 and 1000 ms (the pulse gap is ~50 ms)")
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        raise SpecError(f"bad --duration {args.duration}: a number of seconds > 0 (omit it to run until stopped)")
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise SpecError(f"bad --metrics-port {args.metrics_port}: a TCP port in 1-65535")
+    dup = sorted({s for s in args.switch if args.switch.count(s) > 1})
+    if dup:
+        raise SpecError(f"--switch {dup[0]} given twice: name each switch once")
+    if not (math.isfinite(args.min_rate) and 0 < args.min_rate < 1):
+        raise SpecError(f"bad --min-rate {args.min_rate}: a loss rate in (0, 1)")
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, live_view, make_tracker, run_agents
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
 
-    for flag, path in (("--alerts", args.alerts), ("--incidents", args.incidents)):
-        check_output_file(flag, path)
+    check_agent_args(args)
+    detector_config(args)          # the detector's settings too (--fa-per-day, --pulse-hz)
     require_root()
+    if args.metrics_port is not None:
+        check_port_free(args.metrics_addr, args.metrics_port)
     tb = Testbed.load(args.prefix)
     switches = tb.fabric.switches if args.all else args.switch
     for text in args.degraded:

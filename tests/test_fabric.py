@@ -377,15 +377,39 @@ def test_bad_fault_input(default_testbed):
     assert r.returncode == 4 and "no testbed" in r.stderr
 
 
-@pytest.mark.parametrize("flag,path,word", [("--alerts", "/nonexistent-dir/a.jsonl", "does not exist"),
-                                             ("--incidents", "/nonexistent-dir/i.jsonl", "does not exist"),
-                                             ("--incidents", "/tmp", "is a directory")])
-def test_bad_agent_output_file(flag, path, word):
-    """Checked before anything else (no testbed needed): one line, exit 2."""
-    r = cli("agent", "--all", flag, path, "--prefix", "nosuch")
+@pytest.mark.parametrize("args,word", [
+    (["--all", "--alerts", "/nonexistent-dir/a.jsonl"], "does not exist"),
+    (["--all", "--incidents", "/nonexistent-dir/i.jsonl"], "does not exist"),
+    (["--all", "--incidents", "/tmp"], "is a directory"),
+    (["--all", "--poll-ms", "0"], "--poll-ms"),
+    (["--all", "--poll-ms", "nan"], "--poll-ms"),
+    (["--all", "--duration", "-1"], "--duration"),
+    (["--all", "--metrics-port", "70000"], "--metrics-port"),
+    (["--switch", "leaf1", "--switch", "leaf1"], "given twice"),
+    (["--all", "--min-rate", "2"], "--min-rate"),
+    (["--all", "--fa-per-day", "inf"], "fa_per_day"),
+    (["--all", "--pulse-hz", "0"], "pulse_hz"),
+])
+def test_bad_agent_input(args, word):
+    """Checked before the testbed is even looked up (this prefix has none): one line, exit 2."""
+    r = cli("agent", *args, "--prefix", "nosuch")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and word in lines[0] and flag in lines[0], r.stderr
+    assert len(lines) == 1 and word in lines[0], r.stderr
+
+
+@pytest.mark.root
+def test_agent_metrics_port_in_use():
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        sk.listen()
+        port = sk.getsockname()[1]
+        r = cli("agent", "--all", "--metrics-port", str(port), "--prefix", "nosuch")
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot serve metrics" in lines[0] and "--metrics-port" in lines[0], r.stderr
 
 
 def test_not_root_missing_bcc_missing_headers(monkeypatch, capsys):

@@ -103,3 +103,27 @@ def test_fabric_losses_do_not_look_like_host_links():
     for link in ("spine2->leaf1", "leaf0->spine3"):
         run = run_model(ModelSpec(size=16 << 20, seed=4), 40, {20: {"drop": {link: 0.02}}})
         assert named(run) == {link}, (link, [(a["switch"], a["link"], a["candidates"]) for a in run.alerts])
+
+
+def test_host_surplus_blames_an_uplink_only_when_it_stands_out():
+    """Retransmissions towards a lossy host link raise the leaf's inflow through every spine: all uplinks
+    then look alike (the host link is named); one uplink above the others keeps the incident localizing."""
+    fab = Fabric(FabricSpec())
+
+    class Spines:
+        def __init__(self, rates):
+            self.rates = rates
+
+        def evidence(self, owner, link, since):
+            return LinkEvidence(link.name, owner, self.rates[owner], 0.001, 4, False)
+
+    alert = {"event": "alert", "alert_id": "leaf1/5/out/loss", "time": 10.0, "switch": "leaf1", "port": 5,
+             "link": None, "candidates": ["leaf1->h3", "leaf1->spine0", "leaf1->spine1", "leaf1->spine2",
+                                          "leaf1->spine3"],
+             "kind": "loss", "estimated_rate": 0.02, "onset_time": 8.0, "evidence": {"test": "host"}}
+    even = {f"spine{k}": 0.008 for k in range(4)}
+    evs = IncidentTracker(fab, Spines(even)).feed(alert)
+    assert evs[0]["link"] == "leaf1->h3", evs
+    one = {**even, "spine2": 0.02}
+    evs = IncidentTracker(fab, Spines(one)).feed(alert)
+    assert evs[0]["link"] is None and "leaf1->spine2" in evs[0]["how"], evs
