@@ -9,8 +9,8 @@ What each switch decides alone, and what is fused from alerts:
 * A leaf sees a surplus of packets sent to host hN against its peer hosts:
   ``leafM->hN`` lost them after it counted, or ACKs from hN were lost on the
   way back (an uplink) and the sender resent. It is named ``leafM->hN`` once
-  every uplink's owner judged its link intact since the onset and no other loss
-  is open.
+  every uplink's owner judged its link since the onset, none stands out from
+  the others and no other loss is open.
 * A leaf's deficit on uplink K from a single source leaf A is ambiguous between
   its own ``spineK->leafM`` and spine K's ``leafA->spineK``. It is settled by
   spine K's *verdict* on the link spine K owns (an open alert there, or the
