@@ -38,7 +38,9 @@ class AgentOptions:
     record: Path | None = None          # directory for pulses-<switch>.jsonl
     degraded: list[str] | None = None   # links known to be lossy: not tested
     poll_s: float = 0.01
-    export_verdicts: bool = True        # write this switch's verdict evidence for agents in other processes
+    export_verdicts: bool = False       # write this switch's verdict evidence for agents in other processes
+                                        # (only a process that runs some of the switches needs it: a JSON
+                                        # copy of the ledger per pulse, in the poll loop)
     persist: bool = True                # keep detector state in the testbed's state dir across restarts
     save_every: int = 10                # pulses between state saves (and at exit)
 

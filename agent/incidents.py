@@ -170,8 +170,7 @@ class IncidentTracker:
         if len(ups) != 1 or len(downs) != 1:
             return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
         up, down = ups[0], downs[0]
-        since = float(a.get("onset_time") or a.get("pulse_start") or a["time"])
-        ev = self.source.evidence(up.dst, up, since) if self.source is not None else None
+        ev = self._evidence(up, _onset(a))
         rate = float(a["estimated_rate"])
         sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
         verdict, llr = settle(ev, rate, sd)
@@ -188,6 +187,10 @@ class IncidentTracker:
         self.decided[a["alert_id"]] = att
         return att
 
+    def _evidence(self, link: Link, since: float) -> LinkEvidence | None:
+        """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``."""
+        return self.source.evidence(link.dst, link, since) if self.source is not None else None
+
     def _host(self, a: dict, cands: list[str]) -> Attribution:
         """A host port's surplus: ``leafM->hN``, unless the way back of hN's ACKs lost them. Named only when
         no other loss is open here and every uplink's owner has judged its link since the onset and
@@ -195,8 +198,8 @@ class IncidentTracker:
         host, ups = cands[0], [self.fabric.parse_link(c) for c in cands[1:]]
         others = [x for x in self.alerts.values() if x["alert_id"] != a["alert_id"] and x["kind"] == "loss"
                   and (x.get("evidence") or {}).get("test") != "host"]
-        since = float(a.get("onset_time") or a.get("pulse_start") or a["time"])
-        evs = [self.source.evidence(u.dst, u, since) if self.source is not None else None for u in ups]
+        since = _onset(a)
+        evs = [self._evidence(u, since) for u in ups]
         detail = {"uplinks": [e.to_dict() if e else {"link": u.name, "verdict": "unjudged"} for u, e in zip(ups, evs)]}
         lossy = [e.link for e in _standing_out(evs)]
         if others or lossy:
@@ -257,6 +260,11 @@ class IncidentTracker:
 
     def open(self) -> list[Incident]:
         return sorted(self.incidents.values(), key=lambda i: i.first_time)
+
+
+def _onset(a: dict) -> float:
+    """An alert's estimated onset (older events: its pulse start or time)."""
+    return float(a.get("onset_time") or a.get("pulse_start") or a["time"])
 
 
 def _standing_out(evs: list[LinkEvidence | None]) -> list[LinkEvidence]:

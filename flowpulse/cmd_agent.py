@@ -126,7 +126,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     for text in args.degraded:
         tb.fabric.parse_links(text)
     opts = AgentOptions(cfg=detector_config(args), alerts=args.alerts, record=args.record, degraded=args.degraded,
-                        poll_s=args.poll_ms / 1000)
+                        poll_s=args.poll_ms / 1000, export_verdicts=set(switches) != set(tb.fabric.switches))
     sink = JsonLinesSink(args.alerts, stdout=args.json)
     agents = [SwitchAgent(tb, sw, opts, sinks=[sink]) for sw in switches]
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
