@@ -6,6 +6,7 @@ replay from recorded runs (analysis/traces.py), the scale model from simulation
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,3 +56,54 @@ class PulseCounts:
                    start_time=d.get("start_time", 0.0), end_time=d.get("end_time", 0.0), merged=d.get("merged", 1),
                    meta={**d.get("meta", {}), **({"scores": d["scores"]} if "scores" in d else {})},
                    data=np.asarray(d["data"], dtype=np.int64) if d.get("data") is not None else None)
+
+
+def merge(parts: list[PulseCounts]) -> PulseCounts:
+    """One pulse that counts what ``parts`` (consecutive pulses of one switch) counted together."""
+    if len(parts) == 1:
+        return parts[0]
+    first, last = parts[0], parts[-1]
+    data = None if any(p.data is None for p in parts) else sum(p.data for p in parts)
+    meta = {**first.meta, "fragments": [p.pulse for p in parts]}
+    return PulseCounts(last.switch, last.pulse, sum(p.ip for p in parts), sum(p.bad for p in parts),
+                       start_ns=first.start_ns, end_ns=last.end_ns, start_time=first.start_time,
+                       end_time=last.end_time, merged=sum(p.merged for p in parts), meta=meta, data=data)
+
+
+class PulseAssembler:
+    """Puts back together the iterations that a stall cut into several pulses.
+
+    The kernel closes a pulse after an idle gap (the spray program's ``gap_ms``). On a busy machine a
+    rank can stall longer than that in the middle of an iteration, and the iteration arrives as two or
+    three pulses: live, 0.09 + 0.50 + 0.43 of the usual size. Each part is unbalanced (a leaf has
+    received what it has not forwarded yet) while their sum is not, and the spine's balance test read
+    the parts as a 4-5% loss on every spine at once. A pulse smaller than ``share`` of the median of the
+    last ``HISTORY`` pulses is held and the pulses after it are added to it until the sum reaches that
+    share (or ``MAX_PARTS`` pulses were folded). Adding the counts of consecutive pulses is always
+    valid for every test: they only judge a longer stretch of time, so no budget changes; a job that
+    shrinks is merged a few pulses at a time until the median has followed it (half of ``HISTORY``).
+    """
+
+    HISTORY = 15         # pulses whose median is the usual size
+    MIN_HISTORY = 3      # pulses before anything is held
+    MAX_PARTS = 8        # never fold more pulses than this into one
+
+    def __init__(self, share: float, min_pkts: int) -> None:
+        self.share, self.min_pkts = share, min_pkts
+        self.sizes: deque[int] = deque(maxlen=self.HISTORY)
+        self.held: list[PulseCounts] = []
+
+    def push(self, pc: PulseCounts) -> PulseCounts | None:
+        """The pulse to judge now (``pc`` itself, or the parts it completes), or None while holding."""
+        usual = float(np.median(self.sizes)) if len(self.sizes) >= self.MIN_HISTORY else 0.0
+        if pc.total >= self.min_pkts:
+            self.sizes.append(pc.total)
+        if self.share <= 0 or usual <= 0:
+            return pc
+        if not self.held and pc.total >= self.share * usual:
+            return pc
+        self.held.append(pc)
+        if sum(p.total for p in self.held) >= self.share * usual or len(self.held) >= self.MAX_PARTS:
+            parts, self.held = self.held, []
+            return merge(parts)
+        return None

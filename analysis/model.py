@@ -61,6 +61,7 @@ class FabricModel:
         self.spec = spec
         self.fabric = Fabric(spec.fabric)
         self.rng = np.random.default_rng(spec.seed)
+        self.phase: dict[tuple, int] = {}     # rrdst rotation phase per (pair, CPU, ports)
         f = self.fabric
         n = spec.ranks or len(f.hosts)
         # interleaved placement: rank r on leaf r % L
@@ -107,8 +108,11 @@ class FabricModel:
                     down[node_num(link.src), node_num(link.dst)] = p
 
     # -- spraying --------------------------------------------------------------
-    def _split(self, n: int, w: np.ndarray) -> np.ndarray:
-        """Packets per spine for n packets of one (source leaf, destination leaf) pair."""
+    def _split(self, n: int, w: np.ndarray, pair: tuple[int, int]) -> np.ndarray:
+        """Packets per spine for n packets of one (source leaf, destination leaf) pair. rrdst's rotation
+        per (CPU, destination) carries on from pulse to pulse, as the kernel's counter does: a port's
+        count over any stretch of pulses is within one per CPU of its share (pulses folded together
+        are no noisier than one)."""
         if n <= 0:
             return np.zeros_like(w, dtype=np.int64)
         mode = self.spec.spray
@@ -124,12 +128,17 @@ class FabricModel:
             chunks = self.rng.multinomial(n, np.full(nb, 1 / nb))
         wk = w[idx] / w[idx].sum()
         equal = np.allclose(wk, wk[0])
-        for c in chunks:
+        for ci, c in enumerate(chunks):
             if equal:
                 base, extra = divmod(int(c), k)
                 out[idx] += base
+                if mode == "rrdst":
+                    key = (pair, ci, k)
+                    start = self.phase[key] if key in self.phase else int(self.rng.integers(k))
+                    self.phase[key] = (start + extra) % k
+                else:          # rr: the phase is reshuffled by other traffic between bursts
+                    start = int(self.rng.integers(k))
                 if extra:
-                    start = self.rng.integers(k)
                     out[idx[(start + np.arange(extra)) % k]] += 1
             else:  # weighted: exact largest-remainder split of each rotation chunk
                 ideal = c * wk
@@ -196,7 +205,7 @@ class FabricModel:
                     lc[a, hp_a, 0, src] += at_leaf
                     lc[a, hp_b, 1, src] += got
             else:
-                c = self._split(at_leaf, w)
+                c = self._split(at_leaf, w, (a, b))
                 lost_up = self.rng.binomial(c, self.up_loss[a])
                 bad_up = self.rng.binomial(c - lost_up, self.up_bad[a])
                 at_spine = c - lost_up - bad_up

@@ -43,6 +43,8 @@ class DetectorConfig:
     min_rate: float = 0.001            # an alarm whose estimated rate is below this is not raised
     min_pulse_pkts: int = 200          # smaller pulses are background (pings, ARP): not judged
     min_cell_pkts: int = 20            # a cell (port, source) needs this many packets in a pulse
+    fragment_share: float = 0.75       # a pulse below this share of the usual size is a stall's part: held and
+                                       # judged with the pulses after it (agent.pulse.PulseAssembler); 0: off
     prior_dof: float = 20.0            # weight of the spray mode's theoretical noise factor, in samples
     certify_lag: int = 8               # a pulse is learned from only after this many quiet pulses
     quiet_level: float = 0.5           # "quiet": every CUSUM below this fraction of its threshold
@@ -68,6 +70,9 @@ class DetectorConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
                 raise bad(name, "must be a finite number > 0")
+        if not isinstance(self.fragment_share, (int, float)) or isinstance(self.fragment_share, bool) \
+                or not 0 <= self.fragment_share < 1:
+            raise bad("fragment_share", "must be in [0, 1): 0 judges every pulse as it comes")
         if self.fa_per_day > 1e6:
             raise bad("fa_per_day", "at most 1e6 false alerts a day")
         if not self.magnitudes or any(not (0 < m < 1) for m in self.magnitudes):

@@ -38,7 +38,7 @@ from agent.detector.checks import CorruptionCheck, HostCheck, PeerCheck, Samples
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
 from agent.detector.verdict import Ledger, LinkEvidence, evidence_from
-from agent.pulse import PulseCounts
+from agent.pulse import PulseAssembler, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
 STATE_VERSION = 2
@@ -69,6 +69,7 @@ class SwitchDetector:
         self.poisson = PoissonCusum(self.cfg.corruption_background, self.cfg.corruption_rate, self.nports)
         self.alpha = self.cfg.alpha(len(fabric.switches))
         self.book = AlertBook(self.cfg.update_every)
+        self.assembler = PulseAssembler(self.cfg.fragment_share, self.cfg.min_pulse_pkts)
         self.pending: deque[tuple[int, list]] = deque()
         self.pulses_used = 0
         self.last_scores: dict[int, float] = {}
@@ -78,7 +79,8 @@ class SwitchDetector:
     def observe(self, pc: PulseCounts) -> list[Alert]:
         if pc.nports != self.nports:
             raise ValueError(f"{self.switch}: pulse has {pc.nports} ports, the fabric model {self.nports}")
-        if pc.total < self.cfg.min_pulse_pkts:
+        pc = self.assembler.push(pc)
+        if pc is None or pc.total < self.cfg.min_pulse_pkts:
             return []
         t = self.pulses_used
         self.pulses_used += 1
