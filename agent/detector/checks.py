@@ -85,6 +85,16 @@ SPINE_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: 0.06, SprayMode.RRDST: 0.06}
 HOST_PRIOR = 0.1
 HOST_BAND = 0.1
 VAR_FLOOR = 0.25   # packets^2: no count is known better than to half a packet
+# Spine balance. A pair (a, b) is two-way when at least this share of b's packets through the spine
+# go back to a: then b is a's successor too, and its gap does not explain a's (a two-leaf job's ring).
+# Live rings send 0.3-2.1% the other way (stray segments: allreduce, allgather, reduce_scatter, DDP,
+# spine0 of four-leaf runs); 10% keeps them one-way with room.
+TWO_WAY_SHARE = 0.1
+# A cell more than this share of its expected count out of balance in one pulse is not in a ring
+# phase (DDP's parameter broadcast: 127% on a busy machine) and the alarm test does not judge it. The
+# CUSUMs are tuned to silent losses (0.25-2%); the leaves' peer test catches a gross loss in one pulse,
+# and the verdict ledger still records every pulse (a blackhole is localized by it).
+GROSS_SHARE = 0.2
 
 
 def rr_class(n: np.ndarray | float) -> np.ndarray:
@@ -280,15 +290,16 @@ class SpineCheck:
 
     def samples(self, pc: PulseCounts) -> Samples:
         """The previous pulse's samples, its deficits as far as this pulse confirms them."""
-        cur, r_own, u_own = self._balance(pc)
+        cur, r_own, u_own, counted = self._balance(pc)
         cur.start_time = pc.start_time
-        self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, cur.mask)
+        self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, counted)
         prev, self._held = self._held, cur
         return confirmed(prev, cur, self.shape)
 
-    def _balance(self, pc: PulseCounts) -> tuple[Samples, np.ndarray, np.ndarray]:
+    def _balance(self, pc: PulseCounts) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray]:
         """One pulse's balance per port, retransmissions explained away (judged a pulse later), and the
-        per-pulse deficit the owner's verdicts use (see :mod:`agent.detector.verdict`)."""
+        per-pulse deficit the owner's verdicts use (see :mod:`agent.detector.verdict`): its value, its
+        variance form and the cells it counts in."""
         L = self.L
         counts = pc.data if pc.data is not None else pc.ip
         out = counts[:L, 1, 1:L + 1].astype(float)  # [port b (dest leaf), source a]
@@ -315,12 +326,16 @@ class SpineCheck:
         # a, a deficit at b) then cancel exactly, a noise surplus takes nothing off on average (the
         # clipped version of the alarm test takes its half-normal mean, 0.4 sd, and biased verdicts
         # towards "intact"; clipping beyond 2 sd left a spurious deficit in every retransmission burst),
-        # and the variance is the sum. Only predecessors that are not also b's successors count: with
-        # two leaves in the job each is the other's both, and a loss downstream of b shows as b's surplus.
-        one_way = frac * (sent.T == 0)
+        # and the variance is the sum. Only predecessors that are not also b's successors count (less
+        # than TWO_WAY_SHARE of b's packets go back to them; stray segments in the other direction made
+        # an exact "no packet back" rule count no predecessor at all, and a 2% loss on spine3->leaf0
+        # under allgather got leaf3->spine3 named from leaf2's retransmissions): with two leaves in the
+        # job each is the other's both, and a loss downstream of b shows as b's surplus.
+        one_way = frac * (frac.T < TWO_WAY_SHARE)
         r_own = gap + one_way.T @ np.where(mask, gap, 0.0)
         u_own = np.where(mask, u + (one_way ** 2).T @ np.where(mask, u, 0.0), 1.0)
-        return Samples(r, u, s, mask, expected, inn), r_own, u_own
+        ring = mask & (np.abs(gap) <= GROSS_SHARE * np.maximum(expected, inn))
+        return Samples(r, u, s, ring, expected, inn), r_own, u_own, mask
 
     def learn(self, smp: Samples) -> None:
         return None
