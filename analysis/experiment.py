@@ -15,6 +15,7 @@ Run directory::
 """
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import threading
@@ -188,7 +189,8 @@ def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:
     out: dict[str, list[PulseCounts]] = {}
     if not directory.is_dir():
         return out
-    for f in sorted(directory.glob("pulses-*.jsonl")):
-        sw = f.stem[len("pulses-"):]
-        out[sw] = [PulseCounts.from_dict(json.loads(l)) for l in f.read_text().splitlines() if l.strip()]
+    for f in sorted([*directory.glob("pulses-*.jsonl"), *directory.glob("pulses-*.jsonl.gz")]):
+        sw = f.name[len("pulses-"):].split(".")[0]
+        text = gzip.decompress(f.read_bytes()).decode() if f.suffix == ".gz" else f.read_text()
+        out[sw] = [PulseCounts.from_dict(json.loads(l)) for l in text.splitlines() if l.strip()]
     return out
