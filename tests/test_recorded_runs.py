@@ -13,7 +13,8 @@ from agent.detector.verdict import Ledger
 from analysis.replay import replay_dir
 
 RUNS = Path(__file__).parent / "data" / "recorded-runs"
-ALL = ["busy-allgather-two-faults", "busy-reduce-scatter-two-faults", "busy-ddp-two-faults"]
+ALL = ["busy-allgather-two-faults", "busy-reduce-scatter-two-faults", "busy-ddp-two-faults",
+       "busy-ddp-retransmission-chain"]
 
 
 def detection(run: str, cfg: DetectorConfig | None = None) -> dict:
@@ -56,3 +57,9 @@ def test_without_widening_for_scatter_a_verdict_names_a_healthy_link(monkeypatch
     monkeypatch.setattr(Ledger, "window", no_scatter)
     det = detection("busy-allgather-two-faults")
     assert det["incidents_naming_healthy_links"] == ["spine1->leaf3"], det
+
+
+def test_without_walking_the_chain_retransmissions_two_hops_up_raise_a_spine_alarm(monkeypatch):
+    monkeypatch.setattr(checks, "MAX_HOPS", 0)             # the one-hop rule only
+    det = detection("busy-ddp-retransmission-chain")
+    assert {"leaf0->spine2", "leaf0->spine3"} & set(det["incidents_naming_healthy_links"]), det

@@ -95,6 +95,9 @@ TWO_WAY_SHARE = 0.1
 # CUSUMs are tuned to silent losses (0.25-2%); the leaves' peer test catches a gross loss in one pulse,
 # and the verdict ledger still records every pulse (a blackhole is localized by it).
 GROSS_SHARE = 0.2
+# The alarm's explain-away walks at most this many predecessors back (two retransmitting leaves in a
+# row; each hop adds a gap's noise to the partial sums whose least it takes).
+MAX_HOPS = 3
 
 
 def rr_class(n: np.ndarray | float) -> np.ndarray:
@@ -319,7 +322,21 @@ class SpineCheck:
         frac = np.divide(sent, inn[:, None], out=np.zeros_like(sent), where=inn[:, None] > 0)   # f(a->b)
         surplus = np.where(mask, np.maximum(0.0, -gap), 0.0)
         resent = frac.T @ surplus
-        r = np.where(gap > 0, gap - np.minimum(gap, resent), gap)
+        explained = gap - np.minimum(gap, resent)
+        one_way = frac * (frac.T < TWO_WAY_SHARE)
+        # A leaf that receives retransmissions and resends its own shows no gap, and the one-hop rule
+        # above misses the chain: live (DDP, 2% drops on leaf2->spine1 and spine3->leaf0), spine3 saw
+        # gaps [+25, 0, -27, 0]: leaf1 resending to leaf0 what spine3->leaf0 lost, leaf2 resending to
+        # leaf1, and leaf0's 0.6% "deficit" alarmed after 15 pulses. Walking the predecessors back,
+        # b's gap plus theirs (telescoping: b's deficit against the retransmissions of the leaf k hops
+        # up), the least of these partial sums is what no upstream leaf's resending explains. Up to
+        # MAX_HOPS hops and never round to b's successor (the whole ring sums to zero).
+        g = np.where(mask, gap, 0.0)
+        walk = g.copy()
+        for _ in range(min(MAX_HOPS, int(mask.sum()) - 2)):
+            walk = g + one_way.T @ walk
+            explained = np.minimum(explained, walk)
+        r = np.where(gap > 0, np.maximum(explained, 0.0), gap)
         # Verdicts (an upstream or a downstream loss for a leaf's alert?) need an unbiased estimate, so
         # they explain retransmissions away linearly: b's gap plus its predecessors' gaps, each
         # weighted by the share of its traffic that goes to b. Retransmissions towards b (a surplus at
@@ -331,7 +348,6 @@ class SpineCheck:
         # an exact "no packet back" rule count no predecessor at all, and a 2% loss on spine3->leaf0
         # under allgather got leaf3->spine3 named from leaf2's retransmissions): with two leaves in the
         # job each is the other's both, and a loss downstream of b shows as b's surplus.
-        one_way = frac * (frac.T < TWO_WAY_SHARE)
         r_own = gap + one_way.T @ np.where(mask, gap, 0.0)
         u_own = np.where(mask, u + (one_way ** 2).T @ np.where(mask, u, 0.0), 1.0)
         ring = mask & (np.abs(gap) <= GROSS_SHARE * np.maximum(expected, inn))
