@@ -61,7 +61,7 @@ class FabricModel:
         self.spec = spec
         self.fabric = Fabric(spec.fabric)
         self.rng = np.random.default_rng(spec.seed)
-        self.phase: dict[tuple, int] = {}     # rrdst rotation phase per (pair, CPU, ports)
+        self.phase: dict[tuple, int] = {}     # rrdst rotation phase per (flow, CPU, ports)
         f = self.fabric
         n = spec.ranks or len(f.hosts)
         # interleaved placement: rank r on leaf r % L
@@ -108,11 +108,12 @@ class FabricModel:
                     down[node_num(link.src), node_num(link.dst)] = p
 
     # -- spraying --------------------------------------------------------------
-    def _split(self, n: int, w: np.ndarray, pair: tuple[int, int]) -> np.ndarray:
-        """Packets per spine for n packets of one (source leaf, destination leaf) pair. rrdst's rotation
-        per (CPU, destination) carries on from pulse to pulse, as the kernel's counter does: a port's
+    def _split(self, n: int, w: np.ndarray, flow: tuple[int, int, int, int]) -> np.ndarray:
+        """Packets per spine for n packets of one flow (source leaf, destination leaf, host slots).
+        rrdst's rotation per CPU carries on from pulse to pulse, as the kernel's counter does: a port's
         count over any stretch of pulses is within one per CPU of its share (pulses folded together
-        are no noisier than one)."""
+        are no noisier than one). Each flow keeps its own rotations (see bench/scale.py on
+        ``rotations``)."""
         if n <= 0:
             return np.zeros_like(w, dtype=np.int64)
         mode = self.spec.spray
@@ -133,7 +134,7 @@ class FabricModel:
                 base, extra = divmod(int(c), k)
                 out[idx] += base
                 if mode == "rrdst":
-                    key = (pair, ci, k)
+                    key = (flow, ci, k)
                     start = self.phase[key] if key in self.phase else int(self.rng.integers(k))
                     self.phase[key] = (start + extra) % k
                 else:          # rr: the phase is reshuffled by other traffic between bursts
@@ -205,7 +206,7 @@ class FabricModel:
                     lc[a, hp_a, 0, src] += at_leaf
                     lc[a, hp_b, 1, src] += got
             else:
-                c = self._split(at_leaf, w, (a, b))
+                c = self._split(at_leaf, w, (a, b, ja, jb))
                 lost_up = self.rng.binomial(c, self.up_loss[a])
                 bad_up = self.rng.binomial(c - lost_up, self.up_bad[a])
                 at_spine = c - lost_up - bad_up
