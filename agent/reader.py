@@ -21,13 +21,13 @@ import time
 import numpy as np
 
 from agent.pulse import PulseCounts
-from netns_testbed.datapath import SwitchMaps, pin_dir
+from netns_testbed.datapath import KINDS, SwitchMaps, pin_dir
 from netns_testbed.state import Testbed
 
 log = logging.getLogger("flowpulse.agent.reader")
-IP_KINDS = slice(0, 3)
-DATA_KIND = 0
-BAD_KIND = 4
+IP_KINDS = [KINDS.index(k) for k in ("tcp_data", "tcp_ctrl", "other_ip")]   # IPv4 with a good header
+DATA_KIND = KINDS.index("tcp_data")
+BAD_KIND = KINDS.index("bad_hdr")
 
 
 def wall_of(mono_ns: int) -> float:

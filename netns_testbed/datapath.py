@@ -7,10 +7,13 @@ agents) use them after the loader exits. Readers need only :class:`SwitchMaps`.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import ipaddress
 import math
 import os
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -20,6 +23,7 @@ import numpy as np
 
 from flowpulse.errors import EnvironmentProblem
 from netns_testbed.bpfmaps import PinnedArray, PinnedHash, obj_pin
+from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.topo import Fabric, Link, node_kind, node_num
 
 BPF_DIR = Path(__file__).with_name("bpf")
@@ -34,7 +38,8 @@ FAULT_NONE, FAULT_DROP, FAULT_CORRUPT = 0, 1, 2
 PROB_ONE = 1 << 32
 FLOW_ALL = 0xFFFFFFFF
 PULSE_TIME_BITS = 40
-PULSE_UNIT_NS = 1 << 20
+PULSE_UNIT_SHIFT = 20
+PULSE_UNIT_NS = 1 << PULSE_UNIT_SHIFT
 HOOKS = {"ingress": 0, "egress": 1}
 PIN_NAMES = ("counters", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
              "faults", "fault_stats", "spray_stats")
@@ -69,6 +74,23 @@ class U64(ct.Structure):
 
 class U32(ct.Structure):
     _fields_ = [("v", ct.c_uint32)]
+
+
+# What bpf/switch.h says, as Python sees it: compiled into the program as assertions (netns_testbed.contract)
+C_STRUCTS: dict[str, type[ct.Structure]] = {"fp_counter": Counter, "fp_config": Config, "fp_spray": Spray,
+                                            "fp_fault": Fault, "fp_fault_stats": FaultStats}
+C_CONSTANTS: dict[str, int] = {
+    "FP_DIR_IN": DIRS.index("in"), "FP_DIR_OUT": DIRS.index("out"),
+    "FP_HOOK_INGRESS": HOOKS["ingress"], "FP_HOOK_EGRESS": HOOKS["egress"],
+    "FP_KIND_TCP_DATA": KINDS.index("tcp_data"), "FP_KIND_TCP_CTRL": KINDS.index("tcp_ctrl"),
+    "FP_KIND_OTHER": KINDS.index("other_ip"), "FP_KIND_NONIP": KINDS.index("non_ip"),
+    "FP_KIND_BADHDR": KINDS.index("bad_hdr"), "FP_NKIND": NKIND,
+    "FP_SPRAY_OFF": SPRAY_CODES["off"], "FP_SPRAY_RANDOM": SPRAY_CODES["random"], "FP_SPRAY_RR": SPRAY_CODES["rr"],
+    "FP_SPRAY_RRDST": SPRAY_CODES["rrdst"], "FP_SPRAY_SLOTS": SPRAY_SLOTS,
+    "FP_FAULT_NONE": FAULT_NONE, "FP_FAULT_DROP": FAULT_DROP, "FP_FAULT_CORRUPT": FAULT_CORRUPT,
+    "FP_PROB_ONE": PROB_ONE, "FP_ALL": FLOW_ALL,
+    "FP_PULSE_TIME_BITS": PULSE_TIME_BITS, "FP_PULSE_UNIT_SHIFT": PULSE_UNIT_SHIFT,
+}
 
 
 @dataclass(frozen=True)
@@ -117,9 +139,20 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
     }
 
 
+def contract_asserts(shape: SwitchShape) -> str:
+    """The assertions compiled with the program: the mirrors, and this switch's map sizes."""
+    return static_asserts(C_STRUCTS, {**C_CONSTANTS, "NSRC": shape.nsrc,
+                                      "NPORTS * 2 * NSRC * FP_NKIND": shape.ncounters})
+
+
+def program_text(shape: SwitchShape) -> str:
+    """What one switch compiles: switch.c and the contract's assertions."""
+    return SRC.read_text() + "\n" + contract_asserts(shape)
+
+
 def bpf_source_with_flags(shape: SwitchShape) -> str:
     """The C source and flags one switch compiles with (for the hidden --dump-bpf)."""
-    return f"// cflags: {' '.join(shape.cflags())}\n" + SRC.read_text()
+    return f"// cflags: {' '.join(shape.cflags())}\n" + program_text(shape)
 
 
 def load_bcc():
@@ -142,14 +175,43 @@ def check_headers() -> None:
             "and links them for this kernel) or set BCC_KERNEL_SOURCE")
 
 
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def compiler_output():
+    """Collect what BCC's compiler writes to file descriptor 2 (its diagnostics never reach the
+    exception); written on to stderr as it was unless it is the contract's drift, named instead."""
+    got = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield got
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            got.text = tmp.read().decode(errors="replace")
+            if got.text and not drift_from(got.text):
+                sys.stderr.write(got.text)
+
+
 def compile_switch(shape: SwitchShape):
     """Compile the switch program; returns (bpf object, ingress fn, egress fn)."""
     BPF = load_bcc()
     check_headers()
     try:
-        b = BPF(src_file=str(SRC).encode(), cflags=shape.cflags())
+        with compiler_output() as diagnostics:
+            b = BPF(text=program_text(shape).encode(), cflags=shape.cflags())
         return b, b.load_func(b"fp_ingress", BPF.SCHED_CLS), b.load_func(b"fp_egress", BPF.SCHED_CLS)
     except Exception as e:  # BCC raises plain Exception on compile/load failure
+        drift = drift_from(diagnostics.text)
+        if drift:
+            raise EnvironmentProblem(f"datapath.py and bpf/switch.h disagree: {drift}: a source tree out of "
+                                     "step; fix the mirror in netns_testbed/datapath.py or the header") from None
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "kernel headers" in msg or "kconfig.h" in msg or "chdir" in msg:
             raise EnvironmentProblem(

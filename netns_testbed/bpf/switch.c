@@ -127,7 +127,7 @@ static __always_inline u32 flow_hash(struct pkt_info *pi) {
     return h;
 }
 
-// Pulses: an idle gap longer than config.gap_units (units of 2^20 ns) between
+// Pulses: an idle gap longer than config.gap_units (units of 2^FP_PULSE_UNIT_SHIFT ns) between
 // IPv4 packets starts a new pulse. The id and last-seen time share one 64-bit
 // word so that a racing CPU sees either the old or the new pair, never a mix.
 static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
@@ -136,7 +136,7 @@ static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
     if (!st)
         return;
     u64 old = *st;
-    u64 now_u = (now >> 20) & FP_PULSE_TIME_MASK;
+    u64 now_u = (now >> FP_PULSE_UNIT_SHIFT) & FP_PULSE_TIME_MASK;
     u64 last_u = old & FP_PULSE_TIME_MASK;
     u64 id = old >> FP_PULSE_TIME_BITS;
     if (old == 0 || ((now_u - last_u) & FP_PULSE_TIME_MASK) > cfg->gap_units) {

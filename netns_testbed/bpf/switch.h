@@ -1,5 +1,7 @@
-// Structures shared by switch.c and its Python loader (datapath.py mirrors them
-// with ctypes: keep the two in step).
+// Structures shared by switch.c and its Python loader. datapath.py mirrors them
+// with ctypes; every constant, struct size and field offset it relies on is
+// compiled into the program as a _Static_assert (netns_testbed/contract.py), so
+// a drift fails the load and names the fact.
 #ifndef FLOWPULSE_SWITCH_H
 #define FLOWPULSE_SWITCH_H
 
@@ -30,6 +32,7 @@
 #define FP_ALL 0xffffffffU
 
 #define FP_PULSE_TIME_BITS 40
+#define FP_PULSE_UNIT_SHIFT 20   // pulse times and the idle gap in units of 2^20 ns
 #define FP_PULSE_TIME_MASK ((1ULL << FP_PULSE_TIME_BITS) - 1)
 
 struct fp_counter {

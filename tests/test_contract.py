@@ -1,0 +1,79 @@
+"""The C/Python contract: the assertions generated from datapath.py's mirrors hold for bpf/switch.h, and a
+mirror that drifts fails them, naming the fact (host C compiler, no root; the datapath's own load
+compiles the same assertions with BCC)."""
+from __future__ import annotations
+
+import ctypes as ct
+import shutil
+import subprocess
+
+import pytest
+
+from netns_testbed import datapath as dp
+from netns_testbed.contract import drift_from, static_asserts
+from netns_testbed.topo import Fabric, FabricSpec
+
+CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+PRELUDE = "typedef unsigned char u8; typedef unsigned int u32; typedef unsigned long long u64;\n" \
+          '#include "switch.h"\n'
+
+
+def compile_with(asserts: str, extra: str = "") -> subprocess.CompletedProcess:
+    src = PRELUDE + extra + asserts
+    return subprocess.run([CC, "-std=c11", "-fsyntax-only", f"-I{dp.BPF_DIR}", "-x", "c", "-"], input=src,
+                          capture_output=True, text=True, timeout=60)
+
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (scripts/setup.sh installs one)")
+
+
+def test_mirrors_agree_with_the_header():
+    out = compile_with(static_asserts(dp.C_STRUCTS, dp.C_CONSTANTS))
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_struct_and_define_of_the_header_is_mirrored():
+    text = (dp.BPF_DIR / "switch.h").read_text()
+    import re
+    defines = set(re.findall(r"^#define (FP_[A-Z0-9_]+) ", text, re.M)) - {"FP_PULSE_TIME_MASK"}
+    structs = set(re.findall(r"^struct (fp_[a-z_]+) \{", text, re.M))
+    assert defines <= set(dp.C_CONSTANTS), defines - set(dp.C_CONSTANTS)
+    assert structs == set(dp.C_STRUCTS)
+
+
+def test_each_shape_checks_its_map_sizes():
+    shape = dp.SwitchShape.of(Fabric(FabricSpec(leaves=3, spines=5, hosts_per_leaf=2)), "leaf1")
+    defs = "".join(f"#define {f[2:].replace('=', ' ')}\n" for f in shape.cflags() if f.startswith("-D"))
+    out = compile_with(dp.contract_asserts(shape), defs)
+    assert out.returncode == 0, out.stderr
+    wrong = dp.SwitchShape(shape.nports + 1, shape.nleaves, shape.is_leaf, shape.leaf_id, shape.nuplinks)
+    out = compile_with(dp.contract_asserts(wrong), defs)
+    assert out.returncode != 0 and "NPORTS * 2 * NSRC * FP_NKIND" in drift_from(out.stderr)
+
+
+class FaultSwapped(ct.Structure):           # match_ip after prob: its offset moves from 4 to 16
+    _fields_ = [("kind", ct.c_uint32), ("prob", ct.c_uint64), ("match_ip", ct.c_uint32)] + \
+        [(n, t) for n, t in dp.Fault._fields_ if n not in ("kind", "match_ip", "prob")]
+
+
+@pytest.mark.parametrize("structs,constants,named", [
+    ({**dp.C_STRUCTS, "fp_fault": FaultSwapped}, dp.C_CONSTANTS, "fp_fault.match_ip: offset 16 in Python"),
+    (dp.C_STRUCTS, {**dp.C_CONSTANTS, "FP_KIND_BADHDR": 3}, "FP_KIND_BADHDR: 3 in Python"),
+    (dp.C_STRUCTS, {**dp.C_CONSTANTS, "FP_SPRAY_SLOTS": 128}, "FP_SPRAY_SLOTS: 128 in Python"),
+])
+def test_a_drifted_mirror_fails_and_is_named(structs, constants, named):
+    out = compile_with(static_asserts(structs, constants))
+    assert out.returncode != 0
+    assert drift_from(out.stderr), out.stderr          # the load's message names the first fact
+    assert named in out.stderr, out.stderr
+
+
+@pytest.mark.root
+def test_loading_a_drifted_datapath_fails_with_the_fact_named(monkeypatch):
+    """The real compile (BCC) with a mirror out of step: EnvironmentProblem naming it, nothing attached."""
+    from flowpulse.errors import EnvironmentProblem
+
+    monkeypatch.setitem(dp.C_CONSTANTS, "FP_KIND_BADHDR", 3)
+    shape = dp.SwitchShape.of(Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=1)), "leaf0")
+    with pytest.raises(EnvironmentProblem, match="disagree: FP_KIND_BADHDR: 3 in Python"):
+        dp.compile_switch(shape)
