@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,27 @@ def _forget_stale_owners() -> None:
                 f.unlink(missing_ok=True)
 
 
+_SESSION_PID = os.getpid()
+
+
+def _interrupt(signum, frame):
+    if os.getpid() != _SESSION_PID:
+        # a forked helper (pyroute2 forks one per namespace it creates and stops it with SIGTERM):
+        # die as the signal says; unwinding the copied stack would run the test's cleanup in the
+        # child and take the half-built testbed down under the parent
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clean_leftovers():
+    # SIGTERM (a CI timeout, kill) and SIGHUP unwind like Ctrl-C: every fixture's teardown and every
+    # experiment's finally block take their testbeds down. SIGKILL cannot be caught: the next run
+    # removes testbeds whose owning pytest is gone (see _test_prefixes).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     if IS_ROOT:
         from netns_testbed.builder import down
 
