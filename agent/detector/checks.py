@@ -37,7 +37,11 @@ from certified-healthy pulses (:meth:`learn`).
   real loss on ``leafZ->spineK`` leaves its surplus at the ports ``Z``'s
   traffic flows *to*. So the deficit at ``Z`` is reduced by
   ``sum_a f(a->Z) * surplus_a`` (``f``: the fraction of ``a``'s traffic through
-  this spine that goes to ``Z``). With two leaves in the job a port's
+  this spine that goes to ``Z``), and by the retransmissions of leaves further
+  up the ring (a leaf that both receives and sends retransmissions shows no
+  gap): the least of ``Z``'s gap plus its predecessors' gaps over up to
+  ``MAX_HOPS`` hops. A port more than ``GROSS_SHARE`` out of balance in a pulse
+  is not in a ring phase (DDP's broadcast) and is not judged. With two leaves in the job a port's
   predecessor is also its successor and the spine cannot judge (the leaves'
   peer test still detects; see the README on localization).
   A deficit must persist: the spine judges each pulse one pulse late and counts
