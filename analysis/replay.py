@@ -7,10 +7,12 @@ live agent: only the source of PulseCounts differs.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
-from agent.detector import DetectorConfig, SwitchDetector
-from agent.incidents import IncidentTracker, LocalEvidence, summarize
+from agent.detector import DetectorConfig
+from agent.feed import FeedHeader, Judge, feed_lines
+from agent.incidents import summarize
 from agent.pulse import PulseCounts
 from analysis.scoring import detection_summary
 from flowpulse.errors import SpecError
@@ -24,21 +26,18 @@ def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: Det
     the incident tracker over their alerts: (alert events, incident events)."""
     oos = [l for t in oos_texts or [] for l in fabric.parse_links(t)]
     deg = [l for t in degraded or [] for l in fabric.parse_links(t)]
-    dets = {sw: SwitchDetector(fabric, sw, cfg, spray, weights, oos, deg) for sw in pulses}
-    tracker = IncidentTracker(fabric, LocalEvidence(lambda: dets))
+    judge = Judge(fabric, cfg, spray, oos, deg, weights)
     events: list[dict] = []
+    for pc in in_time_order(pulses):
+        events += judge.observe(pc)[0]
+    return events, judge.tracker.history
+
+
+def in_time_order(pulses: dict[str, list[PulseCounts]]) -> list[PulseCounts]:
+    """Every switch's pulses in the order they ended (as a live agent of all switches sees them)."""
     order = sorted(((pc.end_time, i, sw, pc) for sw, seq in pulses.items() for i, pc in enumerate(seq)),
                    key=lambda x: (x[0], x[1]))
-    for end, _, sw, pc in order:
-        for a in dets[sw].observe(pc):
-            d = a.to_dict()
-            if "iter" in pc.meta:
-                d["iteration"] = pc.meta["iter"]
-            events.append(d)
-            tracker.feed(d, now=end)
-        if tracker.alerts:
-            tracker.tick(end)
-    return events, tracker.history
+    return [pc for *_, pc in order]
 
 
 def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = None) -> dict:
@@ -63,6 +62,20 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
     return {"pulses": sum(len(v) for v in pulses.values()), "spray": spec["spray"], "events": events,
             "incidents": incs,
             "detection": detection_summary(applied, alerts, report["iterations"], incs)}
+
+
+def run_as_feed(path: Path) -> Iterator[str]:
+    """A recorded run (run directory) as feed lines: header, then every pulse in the order they ended."""
+    from analysis.experiment import load_pulses
+
+    path = Path(path)
+    if not (path / "report.json").exists():
+        raise SpecError(f"{path}: not a run directory (no report.json); --as-feed takes an experiment's run")
+    spec = json.loads((path / "report.json").read_text())["spec"]
+    fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
+    header = FeedHeader(fabric, SprayMode.parse(spec["spray"]),
+                        tuple(l for t in spec.get("out_of_service") or [] for l in fabric.parse_links(t)))
+    return feed_lines(header, in_time_order(load_pulses(path / "pulses")))
 
 
 def _replay_trace(path: Path, cfg: DetectorConfig, degraded: list[str] | None) -> dict:

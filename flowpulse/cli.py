@@ -54,7 +54,8 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flowpulse import cmd_agent, cmd_counters, cmd_experiment, cmd_fabric, cmd_fault, cmd_sweep, cmd_workload
+    from flowpulse import (cmd_agent, cmd_counters, cmd_experiment, cmd_fabric, cmd_fault, cmd_feed, cmd_sweep,
+                          cmd_workload)
 
     parser = argparse.ArgumentParser(
         prog="flowpulse", formatter_class=Formatter,
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  sudo flowpulse counters --switch leaf2\n  sudo flowpulse fabric down\n")
     parser.add_argument("--version", action="version", version=f"flowpulse {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in (cmd_fabric, cmd_fault, cmd_counters, cmd_workload, cmd_agent, cmd_experiment, cmd_sweep):
+    for mod in (cmd_fabric, cmd_fault, cmd_counters, cmd_workload, cmd_agent, cmd_feed, cmd_experiment, cmd_sweep):
         mod.register(sub)
     return parser
 

@@ -44,8 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rp = sub.add_parser("replay", help="run the detector offline on a run's recorded counters", formatter_class=Formatter,
                         epilog="examples:\n  flowpulse replay runs/x --fa-per-day 0.01\n"
+                               "  flowpulse replay runs/x --as-feed | flowpulse feed -\n"
                                "  flowpulse replay tests/data/pulse-traces/f1_rrdst --model learned\n")
     rp.add_argument("run", type=Path, help="a run directory, or a recorded pulse-trace directory (pulses.csv or pulses.csv.gz)")
+    rp.add_argument("--as-feed", action="store_true",
+                    help="print the run's pulses as a feed (flowpulse feed's input) instead of judging them")
     add_detector_args(rp)
     add_common(rp, prefix=False)
     rp.set_defaults(func=cmd_replay)
@@ -178,6 +181,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from analysis.replay import replay_dir
     from flowpulse.cmd_agent import detector_config
 
+    if args.as_feed:
+        from analysis.replay import run_as_feed
+
+        for line in run_as_feed(args.run):
+            print(line)
+        return 0
     res = replay_dir(args.run, detector_config(args), degraded=args.degraded)
     emit(args, res, lambda r: "\n".join(
         [f"replayed {r['pulses']} switch-pulses from {args.run} (spray {r['spray']}, model {args.model})"]

@@ -1,0 +1,88 @@
+"""Per-pulse counts as JSON lines (agent/feed.py, ``flowpulse feed``): a recorded run fed through it gives
+the replay's alerts and incidents; bad feeds stop with one line naming the line and the problem (no root)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.detector import DetectorConfig
+from agent.feed import Judge, read_feed
+from analysis.replay import replay_dir, run_as_feed
+
+RUNS = Path(__file__).parent / "data" / "recorded-runs"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def key(e: dict) -> tuple:
+    return (e["event"], e.get("alert_id") or e.get("incident_id"), e.get("pulse"), e.get("link"))
+
+
+@pytest.mark.parametrize("run", ["busy-ddp-two-faults", "busy-allgather-two-faults"])
+def test_a_recorded_run_fed_as_lines_gives_the_replays_alerts_and_incidents(run):
+    lines = list(run_as_feed(RUNS / run))
+    header, pulses = read_feed(lines)
+    judge = Judge(header.fabric, DetectorConfig(), header.spray, list(header.out_of_service))
+    alerts, incidents = [], []
+    for pc in pulses:
+        a, i = judge.observe(pc)
+        alerts += a
+        incidents += i
+    rep = replay_dir(RUNS / run, DetectorConfig())
+    assert alerts and [key(e) for e in alerts] == [key(e) for e in rep["events"]]
+    assert incidents == judge.tracker.history and len(incidents) > 0
+    assert {i["link"] for i in incidents if i["event"] == "localized"} == {"leaf2->spine1", "spine3->leaf0"}
+
+
+def flowpulse(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowpulse", *argv], input=stdin, capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_the_cli_reads_a_feed_on_stdin(tmp_path):
+    feed = "\n".join(run_as_feed(RUNS / "busy-ddp-two-faults")) + "\n"
+    out = flowpulse("feed", "-", "--json", "--incidents", str(tmp_path / "inc.jsonl"), stdin=feed)
+    assert out.returncode == 0, out.stderr[-2000:]
+    events = [json.loads(l) for l in out.stdout.splitlines()]
+    rep = replay_dir(RUNS / "busy-ddp-two-faults", DetectorConfig())
+    assert [key(e) for e in events if e["type"] == "alert"] == [key(e) for e in rep["events"]]
+    written = [json.loads(l) for l in (tmp_path / "inc.jsonl").read_text().splitlines()]
+    assert written == [{k: v for k, v in e.items() if k != "type"} for e in events if e["type"] == "incident"]
+    assert "switch-pulses" in out.stderr
+
+
+HEADER = '{"flowpulse_feed": 1, "fabric": {"leaves": 2, "spines": 2, "hosts_per_leaf": 1}, "spray": "rrdst"}'
+GOOD = json.dumps({"switch": "spine0", "pulse": 3, "ip": [[[0, 5, 0, 0], [0, 0, 5, 0]]] * 2, "bad": [[0, 0]] * 2})
+
+
+@pytest.mark.parametrize("feed,problem", [
+    ("", "feed is empty"),
+    ("hello\n", "feed line 1: not JSON"),
+    ('{"fabric": {}}\n', "not a feed header"),
+    ('{"flowpulse_feed": 1, "fabric": {"leaves": 2}, "spray": "zigzag"}\n', "zigzag"),
+    (HEADER + "\n" + GOOD + "\n{]\n", "feed line 3: not JSON"),
+    (HEADER + "\n" + GOOD.replace("spine0", "spine9") + "\n", "feed line 2: unknown switch 'spine9'"),
+    (HEADER + "\n" + GOOD + "\n\n" + GOOD + "\n", None),       # blank lines are skipped
+    (HEADER + "\n" + GOOD.replace('"pulse": 3', '"pulse": -1') + "\n", "feed line 2: 'pulse'"),
+    (HEADER + "\n" + json.dumps({"switch": "spine0", "pulse": 1, "ip": [[[0, 5, 0]]], "bad": [[0, 0]] * 2}) + "\n",
+     "feed line 2: 'ip' has shape [1, 1, 3], this switch needs [2, 2, 4]"),
+    (HEADER + "\n" + GOOD.replace("5", "-5", 1) + "\n", "feed line 2: 'ip' holds a count that is not a whole number"),
+])
+def test_a_bad_feed_stops_with_one_line_and_exit_2(feed, problem):
+    out = flowpulse("feed", "-", stdin=feed)
+    if problem is None:
+        assert out.returncode == 0, out.stderr
+        return
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    err = [l for l in out.stderr.splitlines() if l.startswith("flowpulse: error:")]
+    assert len(err) == 1 and problem in err[0], out.stderr
+
+
+def test_missing_feed_file_and_bad_output_file(tmp_path):
+    out = flowpulse("feed", str(tmp_path / "nope.feed"))
+    assert out.returncode == 2 and "no such file" in out.stderr
+    out = flowpulse("feed", "-", "--alerts", str(tmp_path / "no" / "a.jsonl"), stdin=HEADER + "\n")
+    assert out.returncode == 2 and "does not exist" in out.stderr
