@@ -15,6 +15,7 @@ from analysis.replay import replay_dir
 RUNS = Path(__file__).parent / "data" / "recorded-runs"
 ALL = ["busy-allgather-two-faults", "busy-reduce-scatter-two-faults", "busy-ddp-two-faults",
        "busy-ddp-retransmission-chain"]
+HOST_BURSTS = "busy-host-retransmission-bursts"
 
 
 def detection(run: str, cfg: DetectorConfig | None = None) -> dict:
@@ -63,3 +64,23 @@ def test_without_walking_the_chain_retransmissions_two_hops_up_raise_a_spine_ala
     monkeypatch.setattr(checks, "MAX_HOPS", 0)             # the one-hop rule only
     det = detection("busy-ddp-retransmission-chain")
     assert {"leaf0->spine2", "leaf0->spine3"} & set(det["incidents_naming_healthy_links"]), det
+
+
+def test_retransmission_bursts_to_one_host_raise_nothing_and_the_later_fault_is_caught():
+    det = detection(HOST_BURSTS)
+    assert det["false_positives"] == 0, det["false_alerts"]
+    assert det["localization_correct"] == det["faults"] == 1, det["per_fault"]
+    assert det["per_fault"][0]["iterations_to_detect"] == 1
+
+
+def test_a_host_noise_factor_learned_below_its_prior_takes_a_burst_for_a_loss(monkeypatch):
+    from agent.detector import noise
+
+    plain = noise.NoiseModel.__init__
+
+    def unfloored(self, phi0, prior_dof, floor, min_phi=0.0):
+        plain(self, phi0, prior_dof, floor, 0.0)
+
+    monkeypatch.setattr(noise.NoiseModel, "__init__", unfloored)
+    det = detection(HOST_BURSTS)
+    assert any("leaf1->h2" in a["candidates"] for a in det["false_alerts"]), det["false_alerts"]

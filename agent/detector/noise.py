@@ -24,16 +24,17 @@ CLIP = 16.0
 
 
 class NoiseModel:
-    def __init__(self, phi0: float | list[float], prior_dof: float, floor: float) -> None:
+    def __init__(self, phi0: float | list[float], prior_dof: float, floor: float, min_phi: float = 0.0) -> None:
         self.phi0 = np.atleast_1d(np.asarray(phi0, dtype=float)).copy()
         self.prior_dof = float(prior_dof)
         self.floor = float(floor)
+        self.min_phi = float(min_phi)     # the factor never learns below this (bursty noise: see HostCheck)
         self.ssq = np.zeros_like(self.phi0)
         self.n = np.zeros_like(self.phi0)
 
     @property
     def phis(self) -> np.ndarray:
-        return (self.prior_dof * self.phi0 + self.ssq) / (self.prior_dof + self.n)
+        return np.maximum((self.prior_dof * self.phi0 + self.ssq) / (self.prior_dof + self.n), self.min_phi)
 
     @property
     def phi(self) -> float:
