@@ -114,10 +114,10 @@ class Ledger:
 def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str, alert_open: bool) -> LinkEvidence:
     """The owner's rate estimate over the window and its sd: the model's, or larger when the window's
     pulses scatter more than the model allows (Birge ratio: ``chi^2 / (n - 1)`` of the per-pulse rates
-    ``a / b`` around ``q``, shrunk towards 1 by ``SCATTER_PRIOR_DOF``). Pulse boundaries on a busy machine hold back a leaf's packets for one or
-    two pulses: per-pulse rates of -5.5% and +4.6% around a true 2% (live, allgather, spine1), with a
-    model sd of 1.3% per pulse; a window that caught one of them without its return settled
-    "intact" at 100:1 and named a healthy link."""
+    ``a / b`` around ``q``, shrunk towards 1 by ``SCATTER_PRIOR_DOF``). Pulse boundaries on a busy
+    machine hold back a leaf's packets for one or two pulses: per-pulse rates of -5.5% and +4.6%
+    around a true 2% (live, allgather, spine1), with a model sd of 1.3% per pulse; a window that
+    caught one of them without its return settled "intact" at 100:1 and named a healthy link."""
     sa, sb, saa, n = ledger.window(cell, since)
     if sb <= 0:
         return LinkEvidence(link, owner, 0.0, math.inf, n, alert_open)
