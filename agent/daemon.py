@@ -71,7 +71,7 @@ class SwitchAgent:
             self._rec = open(opts.record / f"pulses-{switch}.jsonl", "a")
 
     def _make_detector(self) -> SwitchDetector:
-        degraded = [l for text in self.opts.degraded or [] for l in self.tb.fabric.parse_links(text)]
+        degraded = self.tb.fabric.parse_link_list(self.opts.degraded)
         return SwitchDetector(self.tb.fabric, self.switch, self.opts.cfg, SprayMode.parse(self.tb.state.spray),
                               self.tb.state.weights, self.tb.out_of_service, degraded)
 

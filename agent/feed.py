@@ -66,8 +66,7 @@ def parse_header(text: str) -> FeedHeader:
     oos = d.get("out_of_service", [])
     if not isinstance(oos, list):
         raise SpecError("feed line 1: out_of_service must be a list of links")
-    links = tuple(l for t in oos for l in fabric.parse_links(str(t)))
-    return FeedHeader(fabric, SprayMode.parse(d.get("spray", "")), links)
+    return FeedHeader(fabric, SprayMode.parse(d.get("spray", "")), tuple(fabric.parse_link_list(oos)))
 
 
 def _counts(d: dict, key: str, shape: tuple[int, ...], where: str) -> np.ndarray:

@@ -69,7 +69,7 @@ class FabricModel:
         self.hosts = order[:n]
         self.leaf_of = [node_num(f.host_leaf(h)) for h in self.hosts]
         self.pkts = int(np.ceil(2 * (n - 1) / n * spec.size / spec.mss))
-        self.oos = [l for t in spec.out_of_service for l in f.parse_links(t)]
+        self.oos = f.parse_link_list(spec.out_of_service)
         L, S = f.spec.leaves, f.spec.spines
         self.shares = np.zeros((L, L, S))
         for a in range(L):

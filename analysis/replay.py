@@ -24,9 +24,7 @@ def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: Det
                   degraded: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """Each switch's detector over its own pulses, all switches' pulses in time order (as live), and
     the incident tracker over their alerts: (alert events, incident events)."""
-    oos = [l for t in oos_texts or [] for l in fabric.parse_links(t)]
-    deg = [l for t in degraded or [] for l in fabric.parse_links(t)]
-    judge = Judge(fabric, cfg, spray, oos, deg, weights)
+    judge = Judge(fabric, cfg, spray, fabric.parse_link_list(oos_texts), fabric.parse_link_list(degraded), weights)
     events: list[dict] = []
     for pc in in_time_order(pulses):
         events += judge.observe(pc)[0]
@@ -73,8 +71,8 @@ def run_as_feed(path: Path) -> Iterator[str]:
         raise SpecError(f"{path}: not a run directory (no report.json); --as-feed takes an experiment's run")
     spec = json.loads((path / "report.json").read_text())["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
-    header = FeedHeader(fabric, SprayMode.parse(spec["spray"]),
-                        tuple(l for t in spec.get("out_of_service") or [] for l in fabric.parse_links(t)))
+    oos = tuple(fabric.parse_link_list(spec.get("out_of_service")))
+    header = FeedHeader(fabric, SprayMode.parse(spec["spray"]), oos)
     return feed_lines(header, in_time_order(load_pulses(path / "pulses")))
 
 

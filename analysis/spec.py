@@ -79,7 +79,7 @@ class ExperimentSpec:
         check_prefix(self.prefix)
         fabric = Fabric(self.fabric)
         self.up_options().validate(fabric)  # the builder's own checks: spray mode, gap, routable links
-        oos = {l.name for text in self.out_of_service for l in fabric.parse_links(text)}
+        oos = {l.name for l in fabric.parse_link_list(self.out_of_service)}
         seen: dict[str, str] = {}
         for sf in self.faults:
             link = sf.fault.link

@@ -41,8 +41,8 @@ def cmd_feed(args: argparse.Namespace) -> int:
     stream = sys.stdin if args.source == "-" else open(args.source, encoding="utf-8")
     try:
         header, pulses = read_feed(stream)
-        deg = [l for t in args.degraded for l in header.fabric.parse_links(t)]
-        judge = Judge(header.fabric, cfg, header.spray, list(header.out_of_service), deg)
+        judge = Judge(header.fabric, cfg, header.spray, list(header.out_of_service),
+                      header.fabric.parse_link_list(args.degraded))
         files = {k: (open(p, "a", encoding="utf-8") if p else None)
                  for k, p in (("alert", args.alerts), ("incident", args.incidents))}
         counts = {"alert": 0, "incident": 0}

@@ -73,7 +73,7 @@ class Testbed:
 
     @property
     def out_of_service(self) -> list[Link]:
-        return [l for text in self.state.out_of_service for l in self.fabric.parse_links(text)]
+        return self.fabric.parse_link_list(self.state.out_of_service)
 
     def save(self) -> None:
         write_state(self.state)

@@ -301,6 +301,10 @@ class Fabric:
             raise SpecError(f"no link {a}->{b} in this fabric: links join a leaf to a spine or a host to its leaf")
         return [link, link.reverse] if both else [link]
 
+    def parse_link_list(self, texts: Iterable[str] | None) -> list[Link]:
+        """Every link of several texts (``a->b`` or ``a<->b`` each), in order."""
+        return [link for text in texts or () for link in self.parse_links(str(text))]
+
     def parse_link(self, text: str) -> Link:
         links = self.parse_links(text)
         if len(links) != 1:

@@ -81,8 +81,8 @@ def test_delay_within_1_2_of_cusum_theory(spray, n, p):
 def detectors(spec: ModelSpec, cfg: DetectorConfig | None = None, degraded=()) -> tuple[FabricModel, dict]:
     model = FabricModel(spec)
     fab = model.fabric
-    oos = [l for t in spec.out_of_service for l in fab.parse_links(t)]
-    deg = [l for t in degraded for l in fab.parse_links(t)]
+    oos = fab.parse_link_list(spec.out_of_service)
+    deg = fab.parse_link_list(degraded)
     return model, {sw: SwitchDetector(fab, sw, cfg or DetectorConfig(), spec.spray, spec.weights, oos, deg)
                    for sw in fab.switches}
 

@@ -41,9 +41,9 @@ from certified-healthy pulses (:meth:`learn`).
   up the ring (a leaf that both receives and sends retransmissions shows no
   gap): the least of ``Z``'s gap plus its predecessors' gaps over up to
   ``MAX_HOPS`` hops. A port more than ``GROSS_SHARE`` out of balance in a pulse
-  is not in a ring phase (DDP's broadcast) and is not judged. With two leaves in the job a port's
-  predecessor is also its successor and the spine cannot judge (the leaves'
-  peer test still detects; see the README on localization).
+  is not in a ring phase (DDP's broadcast) and is not judged. With two leaves
+  in the job a port's predecessor is also its successor and the spine cannot
+  judge (the leaves' peer test still detects; see the README on localization).
   A deficit must persist: the spine judges each pulse one pulse late and counts
   ``min(r_t, max(r_{t+1}, 0))``, the deficit that the next pulse confirms. A
   real loss is there in every pulse; a stall (an RTO after a loss elsewhere)
@@ -355,7 +355,7 @@ class SpineCheck:
         # an exact "no packet back" rule count no predecessor at all, and a 2% loss on spine3->leaf0
         # under allgather got leaf3->spine3 named from leaf2's retransmissions): with two leaves in the
         # job each is the other's both, and a loss downstream of b shows as b's surplus.
-        r_own = gap + one_way.T @ np.where(mask, gap, 0.0)
+        r_own = gap + one_way.T @ g
         u_own = np.where(mask, u + (one_way ** 2).T @ np.where(mask, u, 0.0), 1.0)
         ring = mask & (np.abs(gap) <= GROSS_SHARE * np.maximum(expected, inn))
         return Samples(r, u, s, ring, expected, inn), r_own, u_own, mask
