@@ -147,9 +147,14 @@ class FaultSite:
     """Where a fault on a directed link is applied in the datapath.
 
     Faults act *on the wire*: after the upstream switch counted the packet and
-    before the downstream switch counts it. When the downstream node is a switch
-    the fault runs first on its ingress hook; when it is a host (no counters) it
-    runs last on the upstream leaf's egress hook.
+    before the downstream switch counts it. When the upstream node is a switch
+    the fault runs last on its egress hook, after its count; when it is a host
+    (no program there) it runs first on the leaf's ingress hook, before the count.
+
+    Upstream egress, not downstream ingress, so that a counting program someone
+    else attaches first on a port (``flowpulse agent --site`` on a testbed) sees
+    what the testbed's own counters see: any tc program that runs before ours at
+    ingress would count a packet an ingress fault then drops.
     """
 
     switch: str
@@ -312,7 +317,7 @@ class Fabric:
         return links[0]
 
     def fault_site(self, link: Link) -> FaultSite:
-        if node_kind(link.dst) != "h":
+        if node_kind(link.src) == "h":
             return FaultSite(link.dst, self.port_to(link.dst, link.src).index, "ingress")
         return FaultSite(link.src, self.port_to(link.src, link.dst).index, "egress")
 

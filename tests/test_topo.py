@@ -49,11 +49,13 @@ def test_link_parsing(fab):
 
 def test_fault_sites_are_between_counters(fab):
     s = fab.fault_site(Link("leaf1", "spine2"))
-    assert (s.switch, s.port, s.hook) == ("spine2", 1, "ingress")
+    assert (s.switch, s.port, s.hook) == ("leaf1", 2, "egress")
     s = fab.fault_site(Link("spine2", "leaf1"))
-    assert (s.switch, s.port, s.hook) == ("leaf1", 2, "ingress")
+    assert (s.switch, s.port, s.hook) == ("spine2", 1, "egress")
     s = fab.fault_site(Link("leaf1", "h3"))
     assert (s.switch, s.port, s.hook) == ("leaf1", 5, "egress")
+    s = fab.fault_site(Link("h3", "leaf1"))
+    assert (s.switch, s.port, s.hook) == ("leaf1", 5, "ingress")
 
 
 def test_spray_shares(fab):
