@@ -67,12 +67,16 @@ def obj_pin(fd: int, path: str) -> None:
 class PinnedArray:
     """A pinned BPF array map of ctypes structures (plain or per-CPU)."""
 
-    def __init__(self, path: str, value_type: type, entries: int, percpu: bool = False) -> None:
-        p = ct.create_string_buffer(path.encode())
-        try:
-            self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
-        except OSError as e:
-            raise FileNotFoundError(errno.ENOENT, f"no pinned BPF map at {path} ({e.strerror})") from None
+    def __init__(self, path: str, value_type: type, entries: int, percpu: bool = False, fd: int | None = None) -> None:
+        """Open the map pinned at ``path``, or (``fd``) a copy of a map descriptor this process holds."""
+        if fd is not None:
+            self.fd = os.dup(fd)
+        else:
+            p = ct.create_string_buffer(path.encode())
+            try:
+                self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
+            except OSError as e:
+                raise FileNotFoundError(errno.ENOENT, f"no pinned BPF map at {path} ({e.strerror})") from None
         self.path = path
         self.value_type = value_type
         self.entries = entries

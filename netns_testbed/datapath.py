@@ -41,6 +41,7 @@ PULSE_TIME_BITS = 40
 PULSE_UNIT_SHIFT = 20
 PULSE_UNIT_NS = 1 << PULSE_UNIT_SHIFT
 HOOKS = {"ingress": 0, "egress": 1}
+MAX_PREFIXES = 1024
 PIN_NAMES = ("counters", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
              "faults", "fault_stats", "spray_stats")
 
@@ -68,6 +69,10 @@ class FaultStats(ct.Structure):
     _fields_ = [("matched", ct.c_uint64), ("hit", ct.c_uint64)]
 
 
+class PrefixKey(ct.Structure):
+    _fields_ = [("prefixlen", ct.c_uint32), ("addr", ct.c_uint32)]
+
+
 class U64(ct.Structure):
     _fields_ = [("v", ct.c_uint64)]
 
@@ -78,7 +83,8 @@ class U32(ct.Structure):
 
 # What bpf/switch.h says, as Python sees it: compiled into the program as assertions (netns_testbed.contract)
 C_STRUCTS: dict[str, type[ct.Structure]] = {"fp_counter": Counter, "fp_config": Config, "fp_spray": Spray,
-                                            "fp_fault": Fault, "fp_fault_stats": FaultStats}
+                                            "fp_fault": Fault, "fp_fault_stats": FaultStats,
+                                            "fp_prefix_key": PrefixKey}
 C_CONSTANTS: dict[str, int] = {
     "FP_DIR_IN": DIRS.index("in"), "FP_DIR_OUT": DIRS.index("out"),
     "FP_HOOK_INGRESS": HOOKS["ingress"], "FP_HOOK_EGRESS": HOOKS["egress"],
@@ -90,6 +96,7 @@ C_CONSTANTS: dict[str, int] = {
     "FP_FAULT_NONE": FAULT_NONE, "FP_FAULT_DROP": FAULT_DROP, "FP_FAULT_CORRUPT": FAULT_CORRUPT,
     "FP_PROB_ONE": PROB_ONE, "FP_ALL": FLOW_ALL,
     "FP_PULSE_TIME_BITS": PULSE_TIME_BITS, "FP_PULSE_UNIT_SHIFT": PULSE_UNIT_SHIFT,
+    "FP_MAX_PREFIXES": MAX_PREFIXES,
 }
 
 
@@ -199,14 +206,14 @@ def compiler_output():
                 sys.stderr.write(got.text)
 
 
-def compile_switch(shape: SwitchShape):
-    """Compile the switch program; returns (bpf object, ingress fn, egress fn)."""
+def compile_program(text: str, cflags: list[str], functions: tuple[str, ...]):
+    """Compile a FlowPulse program (switch.c, count.c) with BCC; returns (bpf object, {name: fn})."""
     BPF = load_bcc()
     check_headers()
     try:
         with compiler_output() as diagnostics:
-            b = BPF(text=program_text(shape).encode(), cflags=shape.cflags())
-        return b, b.load_func(b"fp_ingress", BPF.SCHED_CLS), b.load_func(b"fp_egress", BPF.SCHED_CLS)
+            b = BPF(text=text.encode(), cflags=cflags)
+        return b, {name: b.load_func(name.encode(), BPF.SCHED_CLS) for name in functions}
     except Exception as e:  # BCC raises plain Exception on compile/load failure
         drift = drift_from(diagnostics.text)
         if drift:
@@ -221,6 +228,12 @@ def compile_switch(shape: SwitchShape):
                                  "has BPF, BTF and tc clsact (see docs in README)") from None
 
 
+def compile_switch(shape: SwitchShape):
+    """Compile the switch program; returns (bpf object, ingress fn, egress fn)."""
+    b, fns = compile_program(program_text(shape), shape.cflags(), ("fp_ingress", "fp_egress"))
+    return b, fns["fp_ingress"], fns["fp_egress"]
+
+
 def pin_dir(state_dir: Path, switch: str) -> Path:
     return state_dir / "bpf" / switch
 
@@ -231,20 +244,50 @@ def pin_maps(bpf_obj, directory: Path) -> None:
         obj_pin(bpf_obj[name.encode()].map_fd, str(directory / name))
 
 
-class SwitchMaps:
-    """Handles on one switch's pinned maps: counters, pulse state, spray tables, faults."""
+class CounterMaps:
+    """Reading the counters and the pulse clock that every FlowPulse program keeps (bpf/packet.h).
+
+    Subclasses open ``self.maps`` (name -> PinnedArray) with at least ``counters`` and ``pulse``,
+    and set ``self.nports`` and ``self.nsrc``.
+    """
+
+    maps: dict[str, PinnedArray]
+    nports: int
+    nsrc: int
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+
+    def counters(self) -> np.ndarray:
+        """Cumulative counters as an int64 array [port, dir, src, kind, (pkts, bytes)]."""
+        vals = self.maps["counters"].get_all()
+        arr = np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64)
+        return arr.reshape(self.nports, 2, self.nsrc, NKIND, 2)
+
+    def pulse_state(self) -> tuple[int, int, int]:
+        """(pulse id, last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""
+        packed = self.maps["pulse"].get(0).v
+        start = self.maps["pulse"].get(1).v
+        return packed >> PULSE_TIME_BITS, (packed & ((1 << PULSE_TIME_BITS) - 1)) * PULSE_UNIT_NS, start
+
+
+class SwitchMaps(CounterMaps):
+    """Handles on one testbed switch's pinned maps: counters, pulse state, spray tables, faults."""
 
     def __init__(self, fabric: Fabric, state_dir: Path, switch: str) -> None:
         self.fabric = fabric
         self.switch = switch
         self.shape = SwitchShape.of(fabric, switch)
-        d = pin_dir(state_dir, switch)
+        self.nports, self.nsrc = self.shape.nports, self.shape.nsrc
+        d = self.pins = pin_dir(state_dir, switch)
         self.maps = {name: PinnedArray(str(d / name), t, n, pc) for name, (t, n, pc) in map_entries(self.shape).items()}
         self._ifport_path = str(d / "ifindex_port")
 
-    def close(self) -> None:
-        for m in self.maps.values():
-            m.close()
+    def identity(self) -> tuple[int, int]:
+        """Which maps the pins hold now: a reload (``fabric reload``) replaces them."""
+        st = os.stat(self.pins / "counters")
+        return st.st_ino, st.st_ctime_ns
 
     # -- set-up (loader) ----------------------------------------------------
     def set_ports(self, ifindexes: list[int]) -> None:
@@ -278,18 +321,6 @@ class SwitchMaps:
             self.maps["spray"].set(node_num(dst), sp)
 
     # -- reading ------------------------------------------------------------
-    def counters(self) -> np.ndarray:
-        """Cumulative counters as an int64 array [port, dir, src, kind, (pkts, bytes)]."""
-        vals = self.maps["counters"].get_all()
-        arr = np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64)
-        return arr.reshape(self.shape.nports, 2, self.shape.nsrc, NKIND, 2)
-
-    def pulse_state(self) -> tuple[int, int, int]:
-        """(pulse id, last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""
-        packed = self.maps["pulse"].get(0).v
-        start = self.maps["pulse"].get(1).v
-        return packed >> PULSE_TIME_BITS, (packed & ((1 << PULSE_TIME_BITS) - 1)) * PULSE_UNIT_NS, start
-
     def spray_stats(self) -> list[int]:
         return [v.v for v in self.maps["spray_stats"].get_all()]
 

@@ -1,10 +1,10 @@
 // FlowPulse switch datapath: one instance per switch namespace, attached with
 // tc clsact (direct-action) to every port of the switch.
 //
-//   ingress: fault (link faults that act before this switch counts)
+//   ingress: fault (host->leaf link faults: hosts run no program)
 //            -> count (per port, direction, source leaf, packet kind)
 //            -> spray (leaves only, packets from a host port to another leaf)
-//   egress:  count -> fault (faults on leaf->host links, after counting)
+//   egress:  count -> fault (faults on every link out of a switch, after counting)
 //
 // Compile-time parameters (-D, set by datapath.py from the fabric model):
 //   NPORTS   ports of this switch          NLEAVES  leaves in the fabric
@@ -38,16 +38,7 @@ BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
 BPF_PERCPU_ARRAY(fault_stats, struct fp_fault_stats, NPORTS * 2);
 BPF_PERCPU_ARRAY(spray_stats, u64, NPORTS);        // packets sprayed to each uplink
 
-struct pkt_info {
-    u32 src;        // source class: 1..NLEAVES = source leaf + 1, 0 other IPv4, NSRC-1 not IPv4
-    u32 kind;       // FP_KIND_*
-    u32 dst_leaf;   // destination leaf + 1 from the destination address, 0 if none
-    u32 ports;      // TCP/UDP source << 16 | destination port, 0 if none
-    u32 saddr, daddr;
-    u8 proto;
-    struct iphdr *iph;
-};
-
+// The testbed's address plan: 10.(L+1).0.0/16 belongs to leaf L.
 static __always_inline u32 leaf_class(u32 addr_be) {
     u32 a = bpf_ntohl(addr_be);
     u32 second = (a >> 16) & 0xff;
@@ -56,62 +47,25 @@ static __always_inline u32 leaf_class(u32 addr_be) {
     return 0;
 }
 
-// Real switches discard frames that fail the FCS and count them as errors; here
-// a corrupted IPv4 header (bad checksum) plays that part.
-static __always_inline int ipv4_header_ok(struct iphdr *iph, void *data_end) {
-    u16 *w = (u16 *)iph;
-    if ((void *)(w + 10) > data_end)
-        return 0;
-    u32 sum = 0;
-#pragma unroll
-    for (int i = 0; i < 10; i++)
-        sum += w[i];
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    return sum == 0xffff;
+#define fp_source_class leaf_class
+#define fp_dest_class leaf_class
+#include "packet.h"
+
+// Map accesses stay in the compiled file (BCC rewrites them only there).
+static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
+    int k0 = 0, k1 = 1;
+    u64 *st = pulse.lookup(&k0);
+    u64 *start = pulse.lookup(&k1);
+    if (st && start)
+        pulse_advance(st, start, cfg->gap_units, now);
 }
 
-// check_hdr: verify the IPv4 header checksum (ingress only: a switch never
-// forwards a damaged frame, so egress has nothing to find and skips the work).
-static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi, int check_hdr) {
-    void *data = (void *)(long)skb->data;
-    void *data_end = (void *)(long)skb->data_end;
-    struct ethhdr *eth = data;
-    pi->src = NSRC - 1;
-    pi->kind = FP_KIND_NONIP;
-    pi->dst_leaf = 0;
-    pi->ports = 0;
-    pi->proto = 0;
-    pi->saddr = pi->daddr = 0;
-    pi->iph = 0;
-    if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-        return;
-    struct iphdr *iph = (void *)(eth + 1);
-    if ((void *)(iph + 1) > data_end)
-        return;
-    pi->iph = iph;
-    pi->saddr = iph->saddr;
-    pi->daddr = iph->daddr;
-    pi->src = leaf_class(iph->saddr);
-    pi->dst_leaf = leaf_class(iph->daddr);
-    pi->proto = iph->protocol;
-    if (check_hdr && !ipv4_header_ok(iph, data_end)) {
-        pi->kind = FP_KIND_BADHDR;
-        return;
-    }
-    pi->kind = FP_KIND_OTHER;
-    u32 ihl = iph->ihl * 4;
-    if (iph->protocol == IPPROTO_TCP && ihl == sizeof(*iph)) {
-        struct tcphdr *th = (void *)iph + sizeof(*iph);
-        if ((void *)(th + 1) <= data_end) {
-            u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
-            pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
-            pi->ports = ((u32)th->source << 16) | th->dest;
-        }
-    } else if (iph->protocol == IPPROTO_UDP && ihl == sizeof(*iph)) {
-        struct udphdr *uh = (void *)iph + sizeof(*iph);
-        if ((void *)(uh + 1) <= data_end)
-            pi->ports = ((u32)uh->source << 16) | uh->dest;
+static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi) {
+    u32 idx = counter_index(port, dir, pi);
+    struct fp_counter *c = counters.lookup(&idx);
+    if (c) {
+        c->pkts += 1;
+        c->bytes += skb->len;
     }
 }
 
@@ -125,38 +79,6 @@ static __always_inline u32 flow_hash(struct pkt_info *pi) {
     h *= 0x85ebca6bu;
     h ^= h >> 13;
     return h;
-}
-
-// Pulses: an idle gap longer than config.gap_units (units of 2^FP_PULSE_UNIT_SHIFT ns) between
-// IPv4 packets starts a new pulse. The id and last-seen time share one 64-bit
-// word so that a racing CPU sees either the old or the new pair, never a mix.
-static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
-    int k0 = 0, k1 = 1;
-    u64 *st = pulse.lookup(&k0);
-    if (!st)
-        return;
-    u64 old = *st;
-    u64 now_u = (now >> FP_PULSE_UNIT_SHIFT) & FP_PULSE_TIME_MASK;
-    u64 last_u = old & FP_PULSE_TIME_MASK;
-    u64 id = old >> FP_PULSE_TIME_BITS;
-    if (old == 0 || ((now_u - last_u) & FP_PULSE_TIME_MASK) > cfg->gap_units) {
-        id += 1;
-        u64 *start = pulse.lookup(&k1);
-        if (start)
-            *start = now;
-    } else if (now_u == last_u) {
-        return;  // same time unit: nothing to write
-    }
-    *st = (id << FP_PULSE_TIME_BITS) | now_u;
-}
-
-static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi) {
-    u32 idx = ((port * 2 + dir) * NSRC + pi->src) * FP_NKIND + pi->kind;
-    struct fp_counter *c = counters.lookup(&idx);
-    if (c) {
-        c->pkts += 1;
-        c->bytes += skb->len;
-    }
 }
 
 // Returns 1 if the packet must be dropped.

@@ -1,4 +1,4 @@
-// Structures shared by switch.c and its Python loader. datapath.py mirrors them
+// Structures shared by switch.c, count.c and their Python loaders. datapath.py mirrors them
 // with ctypes; every constant, struct size and field offset it relies on is
 // compiled into the program as a _Static_assert (netns_testbed/contract.py), so
 // a drift fails the load and names the fact.
@@ -60,6 +60,13 @@ struct fp_fault {
     u64 period_ns;   // flapping: 0 = always on, else on for on_ns of each period
     u64 on_ns;
     u64 t0_ns;
+};
+
+// Source classes of a site (count.c): IPv4 prefix -> source leaf + 1, longest match.
+#define FP_MAX_PREFIXES 1024
+struct fp_prefix_key {
+    u32 prefixlen;   // leading bits of addr that must match (the LPM trie's key)
+    u32 addr;        // network byte order
 };
 
 struct fp_fault_stats {

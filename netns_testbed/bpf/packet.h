@@ -1,0 +1,107 @@
+// What every FlowPulse program does to a packet it counts: classify it, stamp the
+// pulse clock, count it. Shared by switch.c (the testbed's switches) and count.c
+// (the agent's counting-only program for any Linux box), so the two count alike.
+//
+// The including program first defines NPORTS and NSRC (-D flags), the maps
+// `counters` (per-CPU fp_counter, NPORTS * 2 * NSRC * FP_NKIND) and `pulse`
+// (u64 [2]), and two functions of an IPv4 address in network byte order:
+//   fp_source_class(addr): 1..NSRC-2 = source leaf + 1, 0 = other IPv4
+//   fp_dest_class(addr):   destination leaf + 1, 0 = none (only switch.c sprays by it)
+#ifndef FLOWPULSE_PACKET_H
+#define FLOWPULSE_PACKET_H
+
+struct pkt_info {
+    u32 src;        // source class: 1..NLEAVES = source leaf + 1, 0 other IPv4, NSRC-1 not IPv4
+    u32 kind;       // FP_KIND_*
+    u32 dst_leaf;   // destination leaf + 1 from the destination address, 0 if none
+    u32 ports;      // TCP/UDP source << 16 | destination port, 0 if none
+    u32 saddr, daddr;
+    u8 proto;
+    struct iphdr *iph;
+};
+
+// Real switches discard frames that fail the FCS and count them as errors; here
+// a corrupted IPv4 header (bad checksum) plays that part.
+static __always_inline int ipv4_header_ok(struct iphdr *iph, void *data_end) {
+    u16 *w = (u16 *)iph;
+    if ((void *)(w + 10) > data_end)
+        return 0;
+    u32 sum = 0;
+#pragma unroll
+    for (int i = 0; i < 10; i++)
+        sum += w[i];
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    return sum == 0xffff;
+}
+
+// check_hdr: verify the IPv4 header checksum (ingress only: a switch never
+// forwards a damaged frame, so egress has nothing to find and skips the work).
+static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi, int check_hdr) {
+    void *data = (void *)(long)skb->data;
+    void *data_end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    pi->src = NSRC - 1;
+    pi->kind = FP_KIND_NONIP;
+    pi->dst_leaf = 0;
+    pi->ports = 0;
+    pi->proto = 0;
+    pi->saddr = pi->daddr = 0;
+    pi->iph = 0;
+    if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+        return;
+    struct iphdr *iph = (void *)(eth + 1);
+    if ((void *)(iph + 1) > data_end)
+        return;
+    pi->iph = iph;
+    pi->saddr = iph->saddr;
+    pi->daddr = iph->daddr;
+    pi->src = fp_source_class(iph->saddr);
+    pi->dst_leaf = fp_dest_class(iph->daddr);
+    pi->proto = iph->protocol;
+    if (check_hdr && !ipv4_header_ok(iph, data_end)) {
+        pi->kind = FP_KIND_BADHDR;
+        return;
+    }
+    pi->kind = FP_KIND_OTHER;
+    u32 ihl = iph->ihl * 4;
+    if (iph->protocol == IPPROTO_TCP && ihl == sizeof(*iph)) {
+        struct tcphdr *th = (void *)iph + sizeof(*iph);
+        if ((void *)(th + 1) <= data_end) {
+            u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
+            pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
+            pi->ports = ((u32)th->source << 16) | th->dest;
+        }
+    } else if (iph->protocol == IPPROTO_UDP && ihl == sizeof(*iph)) {
+        struct udphdr *uh = (void *)iph + sizeof(*iph);
+        if ((void *)(uh + 1) <= data_end)
+            pi->ports = ((u32)uh->source << 16) | uh->dest;
+    }
+}
+
+// Pulses: an idle gap longer than gap_units (units of 2^FP_PULSE_UNIT_SHIFT ns) between
+// IPv4 packets starts a new pulse. The id and last-seen time share one 64-bit
+// word (*st) so that a racing CPU sees either the old or the new pair, never a
+// mix; *start is the current pulse's start time in ns. (BCC rewrites map
+// accesses only in the file it compiles, so each program looks the two words
+// up itself and calls this with them.)
+static __always_inline void pulse_advance(u64 *st, u64 *start, u32 gap_units, u64 now) {
+    u64 old = *st;
+    u64 now_u = (now >> FP_PULSE_UNIT_SHIFT) & FP_PULSE_TIME_MASK;
+    u64 last_u = old & FP_PULSE_TIME_MASK;
+    u64 id = old >> FP_PULSE_TIME_BITS;
+    if (old == 0 || ((now_u - last_u) & FP_PULSE_TIME_MASK) > gap_units) {
+        id += 1;
+        *start = now;
+    } else if (now_u == last_u) {
+        return;  // same time unit: nothing to write
+    }
+    *st = (id << FP_PULSE_TIME_BITS) | now_u;
+}
+
+// Index of a packet's counter in `counters`: [port][dir][source class][kind].
+static __always_inline u32 counter_index(u32 port, u32 dir, struct pkt_info *pi) {
+    return ((port * 2 + dir) * NSRC + pi->src) * FP_NKIND + pi->kind;
+}
+
+#endif
