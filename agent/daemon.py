@@ -18,14 +18,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
+from agent.deployment import Deployment, of_testbed
 from agent.detector import Alert, DetectorConfig, SwitchDetector
 from agent.incidents import IncidentTracker, LocalEvidence, VerdictFiles, write_verdicts
 from agent.pulse import PulseCounts
-from agent.reader import PulseReader
-from netns_testbed.state import Testbed
-from netns_testbed.topo import SprayMode
+from agent.reader import testbed_reader
+
+if TYPE_CHECKING:
+    from netns_testbed.state import Testbed
 
 log = logging.getLogger("flowpulse.agent")
 AGENT_NICE = -10  # the poller's nice value (needs root)
@@ -36,28 +38,35 @@ class AgentOptions:
     cfg: DetectorConfig
     alerts: Path | None = None          # JSON-lines alert events
     record: Path | None = None          # directory for pulses-<switch>.jsonl
-    degraded: list[str] | None = None   # links known to be lossy: not tested
     poll_s: float = 0.01
     export_verdicts: bool = False       # write this switch's verdict evidence for agents in other processes
                                         # (only a process that runs some of the switches needs it: a JSON
                                         # copy of the ledger per pulse, in the poll loop)
-    persist: bool = True                # keep detector state in the testbed's state dir across restarts
+    persist: bool = True                # keep detector state in the deployment's state dir across restarts
     save_every: int = 10                # pulses between state saves (and at exit)
 
 
+def check_switch(dep: Deployment, switch: str) -> None:
+    if switch not in dep.fabric.switches:
+        from flowpulse.errors import SpecError
+
+        raise SpecError(f"unknown switch {switch!r}: this fabric has {', '.join(dep.fabric.switches)}")
+
+
 class SwitchAgent:
-    """Reader + detector + outputs of one switch."""
+    """Reader + detector + outputs of one switch.
 
-    def __init__(self, tb: Testbed, switch: str, opts: AgentOptions,
+    ``dep`` says what the agent knows of the fabric (a testbed's state or a site file);
+    ``reader`` yields the switch's pulses (anything with ``poll()``, ``close()`` and ``resyncs``).
+    """
+
+    def __init__(self, dep: Deployment, switch: str, opts: AgentOptions, reader,
                  sinks: list[Callable[[dict], None]] | None = None) -> None:
-        if switch not in tb.fabric.switches:
-            from flowpulse.errors import SpecError
-
-            raise SpecError(f"unknown switch {switch!r}: this fabric has {', '.join(tb.fabric.switches)}")
-        self.tb = tb
+        check_switch(dep, switch)
+        self.dep = dep
         self.switch = switch
         self.opts = opts
-        self.reader = PulseReader(tb, switch)
+        self.reader = reader
         self.detector = self._make_detector()
         self._restore()
         self.sinks = list(sinks or [])
@@ -70,19 +79,27 @@ class SwitchAgent:
             opts.record.mkdir(parents=True, exist_ok=True)
             self._rec = open(opts.record / f"pulses-{switch}.jsonl", "a")
 
+    @classmethod
+    def on_testbed(cls, tb: "Testbed", switch: str, opts: AgentOptions, sinks: list[Callable[[dict], None]] | None = None,
+                   degraded: list[str] | None = None) -> "SwitchAgent":
+        """The agent of one testbed switch: its pinned maps, the testbed's state."""
+        dep = of_testbed(tb, degraded)
+        check_switch(dep, switch)  # before opening maps that do not exist
+        return cls(dep, switch, opts, testbed_reader(tb, switch), sinks)
+
     def _make_detector(self) -> SwitchDetector:
-        degraded = self.tb.fabric.parse_link_list(self.opts.degraded)
-        return SwitchDetector(self.tb.fabric, self.switch, self.opts.cfg, SprayMode.parse(self.tb.state.spray),
-                              self.tb.state.weights, self.tb.out_of_service, degraded)
+        d = self.dep
+        return SwitchDetector(d.fabric, self.switch, self.opts.cfg, d.spray, d.weights, list(d.out_of_service),
+                              list(d.degraded))
 
     # -- detector state across restarts -------------------------------------------------
     @property
     def verdict_dir(self) -> Path:
-        return self.tb.dir / "verdicts"
+        return self.dep.verdict_dir
 
     @property
     def state_path(self) -> Path:
-        return self.tb.dir / "detector" / f"{self.switch}.json"
+        return self.dep.state_dir / f"{self.switch}.json"
 
     def _restore(self) -> None:
         """Continue from the state a previous agent of this switch saved (same fabric state and settings)."""
@@ -102,19 +119,20 @@ class SwitchAgent:
         if not self.opts.persist:
             return
         path = self.state_path
-        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(self.detector.state()))
         os.replace(tmp, path)
 
     def accept(self) -> None:
         """The operator accepted the fabric's current state (out-of-service links, weights,
-        spray mode): a detector built from it relearns from scratch."""
-        self.tb = Testbed.load(self.tb.prefix)
+        spray mode; a testbed's state file or the site file read again): a detector built
+        from it relearns from scratch."""
+        self.dep = self.dep.reload()
         self.detector = self._make_detector()
         self.save_state()
-        log.info("%s: accepted current fabric state (spray %s, %d out of service); relearning",
-                 self.switch, self.tb.state.spray, len(self.tb.out_of_service))
+        log.info("%s: accepted current fabric state of %s (spray %s, %d out of service); relearning",
+                 self.switch, self.dep.name, self.dep.spray, len(self.dep.out_of_service))
 
     def step(self) -> list[Alert]:
         t0 = time.perf_counter()
@@ -183,8 +201,7 @@ def make_tracker(agents: list[SwitchAgent], reporter: str | None = None) -> Inci
     """The incident tracker for agents in this process: their own verdicts in memory, other switches'
     from the verdict files their agents export."""
     local = LocalEvidence(lambda: {a.switch: a.detector for a in agents})
-    tb = agents[0].tb
-    return IncidentTracker(tb.fabric, VerdictFiles(agents[0].verdict_dir, local), reporter)
+    return IncidentTracker(agents[0].dep.fabric, VerdictFiles(agents[0].verdict_dir, local), reporter)
 
 
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
@@ -248,7 +265,7 @@ def live_view(agents: list[SwitchAgent], tracker: IncidentTracker | None = None)
         state = "learning" if det.warming_up else "watching"
         alerts = [f"{oa.alert.kind}:{oa.alert.link or '|'.join(oa.alert.candidates)}"
                   f"@{oa.alert.estimated_rate:.2%}" for oa in list(det.active.values())]
-        wp = f"{worst[0]} ({a.tb.fabric.port(a.switch, worst[0]).ifname})" if worst else "-"
+        wp = f"{worst[0]} ({a.dep.fabric.port(a.switch, worst[0]).ifname})" if worst else "-"
         lines.append(f"{a.switch:8} {a.pulses:>6} {state:9} {wp:14} {worst[1] if worst else 0:>6.1f}  "
                      + (", ".join(alerts) or "-"))
     if tracker is not None:

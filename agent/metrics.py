@@ -54,11 +54,11 @@ class AgentCollector:
             for kind in ("loss", "corruption"):
                 alerts.add_metric([sw, kind], a.alerts_total.get(kind, 0))
             if a.last_pulse is not None:
-                for p in a.tb.fabric.ports[sw]:
+                for p in a.dep.fabric.ports[sw]:
                     for d, dn in ((0, "in"), (1, "out")):
                         pkts.add_metric([sw, str(p.index), p.ifname, dn], float(a.last_pulse.ip[p.index, d].sum()))
             scores = det.port_scores()
-            for p in a.tb.fabric.ports[sw]:
+            for p in a.dep.fabric.ports[sw]:
                 score.add_metric([sw, str(p.index), p.ifname], scores.get(p.index, 0.0))
             for oa in list(det.active.values()):
                 al = oa.alert

@@ -15,14 +15,13 @@ that was replaced (reload) is reopened.
 from __future__ import annotations
 
 import logging
-import os
 import time
+from typing import Callable
 
 import numpy as np
 
 from agent.pulse import PulseCounts
-from netns_testbed.datapath import KINDS, SwitchMaps, pin_dir
-from netns_testbed.state import Testbed
+from netns_testbed.datapath import KINDS
 
 log = logging.getLogger("flowpulse.agent.reader")
 IP_KINDS = [KINDS.index(k) for k in ("tcp_data", "tcp_ctrl", "other_ip")]   # IPv4 with a good header
@@ -36,13 +35,20 @@ def wall_of(mono_ns: int) -> float:
 
 
 class PulseReader:
-    """Yields :class:`PulseCounts` of one switch as its pulses close."""
+    """Yields :class:`PulseCounts` of one switch as its pulses close.
 
-    def __init__(self, tb: Testbed, switch: str, margin_ms: float = 5.0) -> None:
-        self.tb = tb
+    ``open_maps`` returns the switch's counter maps: anything with ``counters()`` (an int64 array
+    [port, dir, src, kind, (pkts, bytes)]), ``pulse_state()`` (id, last packet ns, start ns),
+    ``identity()`` (changes when the maps are replaced, e.g. by a reload; None if they cannot be)
+    and ``close()``: the testbed's pinned maps (:func:`testbed_maps`) or the counting program a
+    site agent loaded itself (``agent.counting``).
+    """
+
+    def __init__(self, switch: str, gap_ms: float, open_maps: Callable[[], object], margin_ms: float = 5.0) -> None:
         self.switch = switch
-        self.gap_ns = int((tb.state.gap_ms + margin_ms) * 1e6)
-        self.maps: SwitchMaps | None = None
+        self.gap_ns = int((gap_ms + margin_ms) * 1e6)
+        self.open_maps = open_maps
+        self.maps = None
         self._pin_ino = None
         self.snap: np.ndarray | None = None
         self.snap_pid = 0
@@ -51,13 +57,12 @@ class PulseReader:
         self._open()
 
     def _pin_identity(self):
-        st = os.stat(pin_dir(self.tb.dir, self.switch) / "counters")
-        return st.st_ino, st.st_ctime_ns
+        return self.maps.identity()
 
     def _open(self) -> None:
         if self.maps is not None:
             self.maps.close()
-        self.maps = self.tb.maps(self.switch)
+        self.maps = self.open_maps()
         self._pin_ino = self._pin_identity()
         self.snap = None
 
@@ -102,3 +107,8 @@ class PulseReader:
         return PulseCounts(self.switch, pid, ip, bad, start_ns=start_ns, end_ns=last_ns,
                            start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged,
                            data=pkts[:, :, :, DATA_KIND].copy())
+
+
+def testbed_reader(tb, switch: str) -> PulseReader:
+    """The reader of one testbed switch's pinned maps (``tb``: a netns_testbed.state.Testbed)."""
+    return PulseReader(switch, tb.state.gap_ms, lambda: tb.maps(switch))

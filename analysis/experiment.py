@@ -105,7 +105,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     t_start = time.time()
     try:
         aopts = AgentOptions(cfg=spec.detector, record=out / "pulses")
-        agents = [SwitchAgent(tb, sw, aopts, sinks=[sink]) for sw in tb.fabric.switches]
+        agents = [SwitchAgent.on_testbed(tb, sw, aopts, sinks=[sink]) for sw in tb.fabric.switches]
         tracker = make_tracker(agents)
         th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
                               kwargs={"tracker": tracker, "incident_sinks": [inc_sink]})

@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse agent --all --alerts alerts.jsonl --metrics-port 9580\n"
                "  sudo flowpulse agent --all --live\n"
                "  sudo flowpulse agent --all --incidents incidents.jsonl --json\n"
+               "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --alerts /var/log/flowpulse/alerts.jsonl\n"
+               "With --site the agent runs on any Linux machine that forwards the fabric's traffic: it\n"
+               "attaches a counting-only program to the site's interfaces (no spraying, no faults), reads\n"
+               "nothing of a testbed, and detaches on exit (SIGTERM, SIGINT). See agent/site.py for the file.\n"
                "Send SIGHUP to accept the fabric's current state (e.g. a link taken out of service): the\n"
                "detectors then relearn. Each switch's detector uses only its own counters; a leaf's alert\n"
                "that points at two links is settled by the verdict of the other link's owner (exported by\n"
@@ -44,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--switch", action="append", default=[], help="switch to watch (repeatable)")
     who.add_argument("--all", action="store_true", help="every switch of the testbed")
+    who.add_argument("--site", type=Path, metavar="FILE",
+                     help="the switch this machine is, from a site file (YAML); not a testbed")
+    p.add_argument("--state-dir", type=Path, help="with --site: where detector state goes (overrides the site file)")
+    p.add_argument("--verdict-dir", type=Path, help="with --site: the directory the fabric's agents share for "
+                                                    "verdicts (overrides the site file)")
     add_detector_args(p)
     p.add_argument("--alerts", type=Path, help="append JSON-lines alert events to this file")
     p.add_argument("--incidents", type=Path, help="append JSON-lines incident events (one incident per fault, "
@@ -109,45 +118,100 @@ def check_agent_args(args: argparse.Namespace) -> None:
         raise SpecError(f"--switch {dup[0]} given twice: name each switch once")
     if not (math.isfinite(args.min_rate) and 0 < args.min_rate < 1):
         raise SpecError(f"bad --min-rate {args.min_rate}: a loss rate in (0, 1)")
+    if not args.site:
+        for flag, value in (("--state-dir", args.state_dir), ("--verdict-dir", args.verdict_dir)):
+            if value is not None:
+                raise SpecError(f"{flag} goes with --site: a testbed's agents keep state in its state directory")
+    elif args.degraded:
+        raise SpecError("--degraded goes with a testbed; with --site list the links under degraded: in the site file")
+
+
+def load_site_args(args: argparse.Namespace):
+    """The site file, with --state-dir / --verdict-dir applied."""
+    from dataclasses import replace
+
+    from agent.site import load_site
+
+    site = load_site(args.site)
+    if args.state_dir is not None:
+        site = replace(site, state_dir=args.state_dir.resolve(), pinned=site.pinned + ("state_dir",))
+    if args.verdict_dir is not None:
+        site = replace(site, verdict_dir=args.verdict_dir.resolve(), pinned=site.pinned + ("verdict_dir",))
+    return site
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, live_view, make_tracker, run_agents
+    from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent
     from netns_testbed.nsutil import require_root
-    from netns_testbed.state import Testbed
 
     check_agent_args(args)
-    detector_config(args)          # the detector's settings too (--fa-per-day, --pulse-hz)
+    cfg = detector_config(args)          # the detector's settings too (--fa-per-day, --pulse-hz)
+    site = load_site_args(args) if args.site else None
     require_root()
     if args.metrics_port is not None:
         check_port_free(args.metrics_addr, args.metrics_port)
+    sink = JsonLinesSink(args.alerts, stdout=args.json)
+    if site is not None:
+        from agent.counting import CountingProgram, local_ifindexes
+        from agent.reader import PulseReader
+
+        local_ifindexes(site)        # every interface exists here, before anything is built
+        opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
+                            export_verdicts=True)
+        program = CountingProgram(site)
+        try:
+            program.load()
+            program.attach()
+            agent = SwitchAgent(site.deployment(), site.switch, opts,
+                                PulseReader(site.switch, site.gap_ms, program.maps), sinks=[sink])
+        except BaseException:
+            program.close()
+            raise
+        where = f"site {args.site} ({len(site.ifnames)} ports: {', '.join(site.ifnames)})"
+        try:
+            return serve_agents(args, [agent], sink, where, piddir=None)
+        finally:
+            program.close()
+    from netns_testbed.state import Testbed
+
     tb = Testbed.load(args.prefix)
     switches = tb.fabric.switches if args.all else args.switch
-    for text in args.degraded:
-        tb.fabric.parse_links(text)
-    opts = AgentOptions(cfg=detector_config(args), alerts=args.alerts, record=args.record, degraded=args.degraded,
-                        poll_s=args.poll_ms / 1000, export_verdicts=set(switches) != set(tb.fabric.switches))
-    sink = JsonLinesSink(args.alerts, stdout=args.json)
-    agents = [SwitchAgent(tb, sw, opts, sinks=[sink]) for sw in switches]
+    tb.fabric.parse_link_list(args.degraded)
+    opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
+                        export_verdicts=set(switches) != set(tb.fabric.switches))
+    agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[sink], degraded=args.degraded) for sw in switches]
+    return serve_agents(args, agents, sink, f"testbed {tb.prefix} (spray {tb.state.spray})", piddir=tb.dir / "pids")
+
+
+def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Path | None) -> int:
+    """Run built agents until --duration, SIGINT or SIGTERM; close everything they opened."""
+    import signal
+
+    from agent.daemon import JsonLinesSink, live_view, make_tracker, run_agents
+
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
-    piddir = tb.dir / "pids"
-    piddir.mkdir(exist_ok=True)
-    pidfile = piddir / f"agent-{os.getpid()}.pid"
-    pidfile.write_text(f"{os.getpid()} {' '.join(switches)}\n")
-    if args.metrics_port is not None:
-        from agent.metrics import serve
-
-        serve(agents, args.metrics_port, args.metrics_addr, tracker)
-        print(f"[agent] metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics", file=sys.stderr)
+    pidfile = None
+    if piddir is not None:
+        piddir.mkdir(exist_ok=True)
+        pidfile = piddir / f"agent-{os.getpid()}.pid"
+        pidfile.write_text(f"{os.getpid()} {' '.join(a.switch for a in agents)}\n")
     stop = threading.Event()
-    if args.duration:
-        threading.Timer(args.duration, stop.set).start()
-    print(f"[agent] watching {', '.join(switches)} on testbed {tb.prefix} (spray {tb.state.spray}, "
-          f"model {args.model})", file=sys.stderr)
-    tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags, tracker), flush=True)) if args.live else None
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        run_agents(agents, stop, opts.poll_s, on_tick=tick, tracker=tracker, incident_sinks=[inc_sink])
+        if args.metrics_port is not None:
+            from agent.metrics import serve
+
+            serve(agents, args.metrics_port, args.metrics_addr, tracker)
+            print(f"[agent] metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics", file=sys.stderr)
+        if args.duration:
+            timer = threading.Timer(args.duration, stop.set)
+            timer.daemon = True
+            timer.start()
+        print(f"[agent] watching {', '.join(a.switch for a in agents)} on {where}, model {args.model}",
+              file=sys.stderr)
+        tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags, tracker), flush=True)) if args.live else None
+        run_agents(agents, stop, agents[0].opts.poll_s, on_tick=tick, tracker=tracker, incident_sinks=[inc_sink])
     except KeyboardInterrupt:
         pass
     except RuntimeError as e:  # maps gone: the testbed went down under us
@@ -159,5 +223,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
             a.close()
         sink.close()
         inc_sink.close()
-        pidfile.unlink(missing_ok=True)
+        if pidfile is not None:
+            pidfile.unlink(missing_ok=True)
     return 0

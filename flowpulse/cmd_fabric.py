@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from flowpulse.cli import Formatter, add_common, emit, table
 from flowpulse.errors import SpecError
@@ -31,6 +32,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     st = fsub.add_parser("status", help="show testbeds and their settings", formatter_class=Formatter)
     add_common(st)
     st.set_defaults(func=cmd_status)
+
+    ex = fsub.add_parser(
+        "export-site", help="write the site file of a testbed switch (for flowpulse agent --site)",
+        formatter_class=Formatter,
+        epilog="examples:\n  flowpulse fabric export-site --switch spine2 > spine2.yaml\n"
+               "  flowpulse fabric export-site --all --dir sites/\n"
+               "  sudo ip netns exec fp-spine2 flowpulse agent --site sites/spine2.yaml --state-dir /tmp/fp\n"
+               "A site file describes one switch as an agent on any machine needs it (agent/site.py):\n"
+               "the testbed is then one site among others.")
+    who = ex.add_mutually_exclusive_group(required=True)
+    who.add_argument("--switch", help="the switch to describe (written to stdout or --out)")
+    who.add_argument("--all", action="store_true", help="every switch, one <switch>.yaml each in --dir")
+    ex.add_argument("--out", type=Path, help="with --switch: write here instead of stdout")
+    ex.add_argument("--dir", type=Path, help="with --all: an existing directory for the files")
+    add_common(ex)
+    ex.set_defaults(func=cmd_export_site)
 
     pg = fsub.add_parser("ping", help="all-pairs ICMP reachability between hosts", formatter_class=Formatter)
     add_common(pg)
@@ -126,3 +143,33 @@ def cmd_ping(args: argparse.Namespace) -> int:
          lambda d: (table([r for r in rows if not r["received"]], ["src", "dst", "sent", "received"]) + "\n" if bad else "")
          + f"{d['pairs'] - d['failed']}/{d['pairs']} host pairs reachable")
     return 1 if bad else 0
+
+
+def cmd_export_site(args: argparse.Namespace) -> int:
+    from agent.site import dump_site, site_of_testbed
+    from netns_testbed.state import Testbed
+
+    if args.all and not args.dir:
+        raise SpecError("--all writes one file per switch: give --dir DIR (an existing directory)")
+    if args.switch and args.dir:
+        raise SpecError("--dir goes with --all; with --switch use --out FILE or stdout")
+    if args.all and args.out:
+        raise SpecError("--out goes with --switch; with --all use --dir DIR")
+    if args.dir and not args.dir.is_dir():
+        raise SpecError(f"--dir {args.dir}: not an existing directory; create it first")
+    if args.out and (args.out.is_dir() or not args.out.parent.is_dir()):
+        raise SpecError(f"--out {args.out}: name a file in an existing directory")
+    tb = Testbed.load(args.prefix)
+    switches = tb.fabric.switches if args.all else [args.switch]
+    sites = {sw: dump_site(site_of_testbed(tb, sw)) for sw in switches}   # every one checked before any is written
+    if args.all:
+        for sw, text in sites.items():
+            (args.dir / f"{sw}.yaml").write_text(text)
+        emit(args, {"written": [str(args.dir / f"{sw}.yaml") for sw in switches]},
+             lambda d: f"wrote {len(d['written'])} site files in {args.dir}")
+    elif args.out:
+        args.out.write_text(sites[args.switch])
+        emit(args, {"written": [str(args.out)]}, lambda d: f"wrote {args.out}")
+    else:
+        sys.stdout.write(sites[args.switch])
+    return 0

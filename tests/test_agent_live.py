@@ -83,7 +83,7 @@ def test_idle_fabric_with_background_noise_and_agent_restart(make_testbed, tmp_p
     tb = make_testbed()
     events: list[dict] = []
     opts = AgentOptions(cfg=DetectorConfig(), record=tmp_path, persist=False)
-    agents = [SwitchAgent(tb, sw, opts, sinks=[events.append]) for sw in tb.fabric.switches]
+    agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[events.append]) for sw in tb.fabric.switches]
     stop = threading.Event()
     th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
     th.start()
@@ -105,7 +105,7 @@ def test_idle_fabric_with_background_noise_and_agent_restart(make_testbed, tmp_p
                                                  tmp_path / "job"), daemon=True)
     job.start()
     time.sleep(8)
-    agents = [SwitchAgent(tb, sw, opts, sinks=[events.append]) for sw in tb.fabric.switches]
+    agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[events.append]) for sw in tb.fabric.switches]
     stop = threading.Event()
     th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
     th.start()
@@ -123,7 +123,7 @@ def test_prometheus_endpoint(make_testbed):
     from agent.metrics import serve
 
     tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
-    agents = [SwitchAgent(tb, sw, AgentOptions(cfg=DetectorConfig())) for sw in tb.fabric.switches]
+    agents = [SwitchAgent.on_testbed(tb, sw, AgentOptions(cfg=DetectorConfig())) for sw in tb.fabric.switches]
     port = 19000 + (hash(tb.prefix) % 500)
     serve(agents, port)
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

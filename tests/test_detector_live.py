@@ -26,7 +26,7 @@ def agents_on(tb, record: Path | None = None, persist: bool = False):
     events: list[tuple[dict, int]] = []
     by_switch: dict[str, SwitchAgent] = {}
     opts = AgentOptions(cfg=DetectorConfig(), record=record, persist=persist)
-    agents = [SwitchAgent(tb, sw, opts, sinks=[lambda d: events.append((d, by_switch[d["switch"]].pulses))])
+    agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[lambda d: events.append((d, by_switch[d["switch"]].pulses))])
               for sw in tb.fabric.switches]
     by_switch.update({a.switch: a for a in agents})
     stop = threading.Event()

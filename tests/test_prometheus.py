@@ -79,7 +79,7 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
 
     assert PROMETHEUS, "prometheus missing: scripts/setup.sh installs Debian's prometheus package"
     tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=2)
-    agents = [SwitchAgent(tb, sw, AgentOptions(cfg=DetectorConfig(), persist=False, export_verdicts=True))
+    agents = [SwitchAgent.on_testbed(tb, sw, AgentOptions(cfg=DetectorConfig(), persist=False, export_verdicts=True))
               for sw in tb.fabric.switches]
     base = 19500 + (hash(tb.prefix) % 200) * 2
     ports = []

@@ -26,16 +26,15 @@ class FakeMaps:
             self.last += 1
         return out
 
+    def identity(self):
+        return 1
+
     def close(self):
         pass
 
 
 def reader_with(maps: FakeMaps) -> PulseReader:
-    r = PulseReader.__new__(PulseReader)
-    r.switch, r.gap_ns, r.maps, r.snap, r.snap_pid, r.resyncs, r.reads = "leaf0", int(50e6), maps, None, 0, 0, 0
-    r._pin_identity = lambda: 1
-    r._pin_ino = 1
-    return r
+    return PulseReader("leaf0", 45.0, lambda: maps)
 
 
 def traffic(m: FakeMaps, pkts: int, idle: bool = True) -> None:

@@ -1,0 +1,163 @@
+"""The counting program on a real machine's interfaces, for ``flowpulse agent --site``.
+
+``netns_testbed/bpf/count.c`` is the testbed switch's classify / pulse clock /
+count (``bpf/packet.h``) and nothing else: no spraying, no faults, no
+forwarding decision. Every packet continues to whatever the machine does next.
+Source classes come from the site's address prefixes (an LPM trie).
+
+Attached with tc clsact at priority 1 on ingress and egress of each port the
+site lists, ahead of any filter the machine already has (a testbed's switch
+program sits at the kernel's default priority, 49152). :meth:`close` removes
+exactly what it added: its own filters, and the clsact qdisc only if it created
+it and nothing else uses it. Filters a killed agent left behind (known by their
+program names) are removed before attaching.
+
+The maps stay in this process (no pinning): the agent that loaded them reads
+them (:class:`CountMaps`), and they go when it exits and its filters are gone.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import os
+from pathlib import Path
+
+from agent.site import Site
+from flowpulse.errors import EnvironmentProblem, SpecError
+from netns_testbed import datapath as dp
+from netns_testbed.bpfmaps import PinnedArray
+from netns_testbed.contract import static_asserts
+
+log = logging.getLogger("flowpulse.agent.counting")
+SRC = dp.BPF_DIR / "count.c"
+PRIO = 1
+PROGRAMS = ("fp_count_in", "fp_count_out")
+PARENTS = {"fp_count_in": "ffff:fff2", "fp_count_out": "ffff:fff3"}   # clsact ingress, egress
+
+
+def nsrc(site: Site) -> int:
+    return site.fabric.spec.leaves + 2
+
+
+def cflags(site: Site) -> list[str]:
+    return [f"-I{dp.BPF_DIR}", f"-DNPORTS={len(site.ifnames)}", f"-DNSRC={nsrc(site)}"]
+
+
+def program_text(site: Site) -> str:
+    ncounters = len(site.ifnames) * 2 * nsrc(site) * dp.NKIND
+    return SRC.read_text() + "\n" + static_asserts(
+        dp.C_STRUCTS, {**dp.C_CONSTANTS, "NSRC": nsrc(site), "NPORTS * 2 * NSRC * FP_NKIND": ncounters})
+
+
+def local_ifindexes(site: Site) -> list[int]:
+    """This machine's (this namespace's) ifindex of each port, or one line naming the missing interface."""
+    idx = []
+    for name in site.ifnames:
+        try:
+            idx.append(int(Path(f"/sys/class/net/{name}/ifindex").read_text()))
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            try:
+                idx.append(os.if_nametoindex(name))  # sysfs can belong to another namespace (ip netns exec remounts it)
+            except OSError:
+                raise SpecError(f"site file {site.path}: ports: no interface {name!r} on this machine: "
+                                "fix the name (ip -br link lists them) or run where it exists") from None
+    return idx
+
+
+class CountMaps(dp.CounterMaps):
+    """The loaded program's counter and pulse maps, read through copies of its descriptors."""
+
+    def __init__(self, bpf_obj, site: Site) -> None:
+        self.nports, self.nsrc = len(site.ifnames), nsrc(site)
+        ncounters = self.nports * 2 * self.nsrc * dp.NKIND
+        self.maps = {
+            "counters": PinnedArray("counters", dp.Counter, ncounters, percpu=True, fd=bpf_obj[b"counters"].map_fd),
+            "pulse": PinnedArray("pulse", dp.U64, 2, fd=bpf_obj[b"pulse"].map_fd),
+        }
+
+    def identity(self) -> None:
+        return None  # held by this process: nobody replaces them
+
+
+class CountingProgram:
+    """Compile, fill, attach; then hand out readers; detach on close."""
+
+    def __init__(self, site: Site) -> None:
+        self.site = site
+        self.bpf = None
+        self.ifindexes = local_ifindexes(site)
+        self.attached: list[tuple[int, str]] = []   # (ifindex, parent)
+        self.own_qdisc: set[int] = set()
+
+    def load(self) -> None:
+        self.bpf, self.fns = dp.compile_program(program_text(self.site), cflags(self.site), PROGRAMS)
+        ifp = self.bpf[b"ifindex_port"]
+        for port, ifx in enumerate(self.ifindexes):
+            ifp[ct.c_uint32(ifx)] = ct.c_uint32(port)
+        units = max(1, int(round(self.site.gap_ms * 1e6 / dp.PULSE_UNIT_NS)))
+        self.bpf[b"config"][ct.c_int(0)] = dp.Config(0, units)
+        trie = self.bpf[b"source_prefix"]
+        for net, cls in self.site.source_classes():
+            key = trie.Key(net.prefixlen, int.from_bytes(net.network_address.packed, "little"))
+            trie[key] = ct.c_uint32(cls)
+
+    def _filters(self, ipr, ifx: int, parent: str) -> list[tuple[int, str]]:
+        out = []
+        for f in ipr.get_filters(ifx, parent=parent):
+            opts = f.get_attr("TCA_OPTIONS")
+            name = opts.get_attr("TCA_BPF_NAME") if opts else None
+            if name:
+                out.append((f["info"] >> 16, name))
+        return out
+
+    def attach(self) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            for ifx in self.ifindexes:
+                try:
+                    ipr.tc("add", "clsact", ifx)
+                    self.own_qdisc.add(ifx)
+                except NetlinkError as e:
+                    if e.code != 17:  # EEXIST: the machine has one already; share it
+                        raise EnvironmentProblem(f"cannot add tc clsact on ifindex {ifx}: {e}") from None
+                for name in PROGRAMS:
+                    parent = PARENTS[name]
+                    for prio, fname in self._filters(ipr, ifx, parent):
+                        if fname.startswith("fp_count_"):
+                            log.warning("removing a counting filter a previous agent left (ifindex %d prio %d)", ifx, prio)
+                            ipr.tc("del-filter", "bpf", ifx, parent=parent, prio=prio)
+                        elif prio == PRIO:
+                            raise EnvironmentProblem(f"tc priority {PRIO} on ifindex {ifx} is taken by {fname!r}: "
+                                                     "the counter must run first; move that filter")
+                    fn = self.fns[name]
+                    ipr.tc("add-filter", "bpf", ifx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
+                           direct_action=True, prio=PRIO)
+                    self.attached.append((ifx, parent))
+
+    def maps(self) -> CountMaps:
+        return CountMaps(self.bpf, self.site)
+
+    def close(self) -> None:
+        """Detach what this program attached (and a clsact it created and nobody else uses)."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            for ifx, parent in self.attached:
+                try:
+                    ipr.tc("del-filter", "bpf", ifx, parent=parent, prio=PRIO)
+                except NetlinkError as e:
+                    log.debug("filter on ifindex %d already gone: %s", ifx, e)
+            for ifx in self.own_qdisc:
+                try:
+                    if not any(self._filters(ipr, ifx, p) for p in PARENTS.values()):
+                        ipr.tc("del", "clsact", ifx)
+                except NetlinkError as e:
+                    log.debug("clsact on ifindex %d already gone: %s", ifx, e)
+        self.attached.clear()
+        self.own_qdisc.clear()
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None

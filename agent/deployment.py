@@ -1,0 +1,42 @@
+"""What an agent knows of the fabric it watches, wherever that knowledge came from.
+
+An agent needs the fabric model (which port faces which neighbour, which leaves
+send), how the leaves spray, which links are out of service, and where to keep
+its detector state and exchange verdicts with the other switches' agents. A
+testbed's state file gives all of that (:func:`of_testbed`); on any other machine
+a site file does (``agent.site``). Nothing below this module reads either: the
+detector, the incident tracker and the daemon take a :class:`Deployment`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from netns_testbed.topo import Fabric, Link, SprayMode
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str                          # testbed prefix or site file, for logs
+    fabric: Fabric                     # with this machine's interface names on its switch's ports
+    spray: SprayMode
+    weights: dict[str, float]          # leafL->spineK -> relative weight (default 1)
+    out_of_service: tuple[Link, ...]
+    degraded: tuple[Link, ...]         # known lossy: not tested
+    state_dir: Path                    # detector state, one file per switch
+    verdict_dir: Path                  # verdict evidence each switch's agent exports and the others read
+    reload: Callable[[], "Deployment"]  # SIGHUP: the same source read again
+
+
+def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
+    """The deployment a running testbed describes (``tb``: netns_testbed.state.Testbed)."""
+    from netns_testbed.state import Testbed
+
+    def reload() -> Deployment:
+        return of_testbed(Testbed.load(tb.prefix), degraded)
+
+    return Deployment(name=f"testbed {tb.prefix}", fabric=tb.fabric, spray=SprayMode.parse(tb.state.spray),
+                      weights=dict(tb.state.weights), out_of_service=tuple(tb.out_of_service),
+                      degraded=tuple(tb.fabric.parse_link_list(degraded)), state_dir=tb.dir / "detector",
+                      verdict_dir=tb.dir / "verdicts", reload=reload)
