@@ -74,6 +74,7 @@ class SwitchAgent:
         self.last_pulse: PulseCounts | None = None
         self.pulses = 0
         self.busy_s = 0.0
+        self.last_poll = time.monotonic()   # the poll loop's heartbeat (/healthz)
         self._rec: TextIO | None = None
         if opts.record:
             opts.record.mkdir(parents=True, exist_ok=True)
@@ -136,6 +137,7 @@ class SwitchAgent:
 
     def step(self) -> list[Alert]:
         t0 = time.perf_counter()
+        self.last_poll = time.monotonic()
         pc = self.reader.poll()
         events: list[Alert] = []
         if pc is not None:
@@ -176,19 +178,36 @@ class SwitchAgent:
 
 
 class JsonLinesSink:
-    """Appends alert events to a file (and optionally stdout), one JSON object a line."""
+    """Appends events to a file (and optionally stdout), one JSON object a line.
+
+    The file is reopened when it was moved or removed (logrotate without copytruncate): the
+    next event goes to a new file at the same path, nothing is written to the rotated one."""
 
     def __init__(self, path: Path | None, stdout: bool = False) -> None:
         self.lock = threading.Lock()
+        self.path = path
         self.f = open(path, "a") if path else None
         self.stdout = stdout
+
+    def _current(self) -> TextIO | None:
+        if self.f is None or self.path is None:
+            return self.f
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(self.f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            self.f.close()
+            self.f = open(self.path, "a")
+        return self.f
 
     def __call__(self, event: dict) -> None:
         line = json.dumps(event, default=float)
         with self.lock:
-            if self.f:
-                self.f.write(line + "\n")
-                self.f.flush()
+            f = self._current()
+            if f:
+                f.write(line + "\n")
+                f.flush()
             if self.stdout:
                 print(line, flush=True)
 

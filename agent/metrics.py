@@ -5,7 +5,13 @@ Nothing is stored twice: each scrape walks the agents' detectors and readers
 """
 from __future__ import annotations
 
+import json
+import socket
+import threading
+import time
+from socketserver import ThreadingMixIn
 from typing import Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
@@ -81,12 +87,47 @@ class AgentCollector:
             yield from (inc, irate)
 
 
+STALL_S = 5.0  # a poll loop silent this long is stuck (it polls every few ms)
+
+
+def health(agents: list[SwitchAgent], now: float | None = None) -> tuple[bool, dict]:
+    """The agents' liveness: each switch's poll loop ran in the last STALL_S seconds.
+    A switch without traffic is healthy (no pulses is not a fault of the agent)."""
+    now = time.monotonic() if now is None else now
+    sw = {a.switch: {"pulses": a.pulses, "last_poll_age_s": round(now - a.last_poll, 3),
+                     "open_alerts": len(a.detector.active), "resyncs": a.reader.resyncs} for a in agents}
+    ok = all(v["last_poll_age_s"] < STALL_S for v in sw.values())
+    return ok, {"status": "ok" if ok else "stalled", "switches": sw}
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # scrapes every second would flood stderr
+        pass
+
+
 def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
           tracker: IncidentTracker | None = None) -> CollectorRegistry:
-    """Start the HTTP endpoint (loopback by default: agents' data is not for the world)."""
-    from prometheus_client import start_http_server
+    """Start the HTTP endpoint (loopback by default: agents' data is not for the world):
+    ``/metrics`` (Prometheus) and ``/healthz`` (200 with JSON while every poll loop runs, else 503)."""
+    from prometheus_client import make_wsgi_app
 
     reg = CollectorRegistry()
     reg.register(AgentCollector(agents, tracker))
-    start_http_server(port, addr=addr, registry=reg)
+    metrics_app = make_wsgi_app(reg)
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") == "/healthz":
+            ok, body = health(agents)
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
+            return [json.dumps(body).encode()]
+        return metrics_app(environ, start_response)
+
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("FlowPulseHTTP", (_ThreadingWSGIServer,), {"address_family": family})
+    server = make_server(addr, port, app, server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="flowpulse-http").start()
     return reg

@@ -32,6 +32,18 @@ def add_common(p: argparse.ArgumentParser, prefix: bool = True, json_out: bool =
     if json_out:
         p.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail on stderr")
+    p.add_argument("--log-json", action="store_true", help="logs on stderr as JSON lines (for journald, Loki, ...)")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per log record: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
 
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
@@ -76,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose if hasattr(args, "verbose") else 0, 2)
     logging.basicConfig(level=min(level, logging.INFO) if getattr(args, "verbose", 0) else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if getattr(args, "log_json", False):
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonLogFormatter())
     if getattr(args, "verbose", 0) >= 2:
         logging.getLogger().setLevel(logging.DEBUG)
     try:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
 from pathlib import Path
 
 from flowpulse.cli import Formatter, add_common
+
+log = logging.getLogger("flowpulse.agent")
 
 
 def add_detector_args(p: argparse.ArgumentParser) -> None:
@@ -203,13 +206,12 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
             from agent.metrics import serve
 
             serve(agents, args.metrics_port, args.metrics_addr, tracker)
-            print(f"[agent] metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics", file=sys.stderr)
+            log.info("metrics on http://%s:%d/metrics, health on /healthz", args.metrics_addr, args.metrics_port)
         if args.duration:
             timer = threading.Timer(args.duration, stop.set)
             timer.daemon = True
             timer.start()
-        print(f"[agent] watching {', '.join(a.switch for a in agents)} on {where}, model {args.model}",
-              file=sys.stderr)
+        log.info("watching %s on %s, model %s", ", ".join(a.switch for a in agents), where, args.model)
         tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags, tracker), flush=True)) if args.live else None
         run_agents(agents, stop, agents[0].opts.poll_s, on_tick=tick, tracker=tracker, incident_sinks=[inc_sink])
     except KeyboardInterrupt:

@@ -15,6 +15,69 @@ import pytest
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+def test_shipped_prometheus_config_checks():
+    r = subprocess.run([PROMTOOL, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "1 rule files found" in r.stdout, r.stdout + r.stderr
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: keeps every notification it is sent."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        got = self.notifications = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/flowpulse"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def operator_stack(tmp_path: Path, metrics_ports: list[int], base: int, hook: Webhook) -> list[subprocess.Popen]:
+    """Prometheus and Alertmanager started from the shipped configurations; only addresses, paths and
+    intervals changed (scrape and evaluate every second)."""
+    import yaml
+
+    rules = tmp_path / "flowpulse.rules.yml"
+    shutil.copy(DEPLOY / "prometheus" / "flowpulse.rules.yml", rules)
+    prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    prom["rule_files"] = [str(rules)]
+    prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{base + 1}"]
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "targets" / "agents.json").write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in metrics_ports]}]))
+    prom["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(tmp_path / "targets" / "*.json")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
+    am = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
+    for rcv in am["receivers"]:
+        for wh in rcv.get("webhook_configs", []):
+            wh["url"] = hook.url
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am))
+    return [
+        subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{base}"],
+                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w")),
+        subprocess.Popen([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                          f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{base + 1}",
+                          "--cluster.listen-address="],
+                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "alertmanager.log", "w")),
+    ]
 
 
 def test_rules_check_and_unit_tests():
@@ -88,16 +151,8 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         trackers.append(make_tracker([a], reporter=a.switch))   # (other switches' verdicts come from files)
         serve([a], base + 10 + i, tracker=trackers[-1])
         ports.append(base + 10 + i)
-    rules = tmp_path / "flowpulse.rules.yml"
-    shutil.copy(DEPLOY / "prometheus" / "flowpulse.rules.yml", rules)
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"rule_files: ['{rules}']\n"
-        "scrape_configs:\n  - job_name: flowpulse\n    static_configs:\n"
-        f"      - targets: {json.dumps([f'127.0.0.1:{p}' for p in ports])}\n")
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{base}"],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
+    hook = Webhook()
+    stack = operator_stack(tmp_path, ports, base, hook)
     stop = threading.Event()
     sched = None
     threads = [threading.Thread(target=run_agents, args=([a], stop, 0.01), kwargs={"tracker": t}, daemon=True)
@@ -122,12 +177,26 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
                           for e in t.history], (tmp_path / "prometheus.log").read_text()[-1000:])
         # the leaf's ambiguous alert was settled by spine1's verdict, read from the file its agent exports
         assert {a["labels"]["link"] for a in firing} == {"leaf0->spine1"}, firing
+        # Alertmanager with the shipped routes: the fault pages once (group_wait is 10 s; wait it out
+        # twice over to see whether a second notification follows)
+        deadline = time.time() + 30
+        while time.time() < deadline and not hook.notifications:
+            time.sleep(0.5)
+        time.sleep(15)
+        pages = [n for n in hook.notifications if n["status"] == "firing"]
+        assert len(pages) == 1, hook.notifications
+        paged = pages[0]["alerts"]
+        assert {a["labels"]["alertname"] for a in paged} == {"FlowPulseLinkFault"}, paged
+        assert {a["labels"].get("link") for a in paged if a["labels"]["state"] == "localized"} == {"leaf0->spine1"}
+        assert all(a["labels"]["state"] == "localized" for a in paged), paged
     finally:
         stop.set()
         if sched:
             sched.stop.set()
-        prom.terminate()
-        prom.wait(timeout=10)
+        for proc in stack:
+            proc.terminate()
+            proc.wait(timeout=10)
+        hook.close()
         for th in threads:
             th.join(timeout=5)
         for a in agents:

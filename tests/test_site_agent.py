@@ -68,7 +68,7 @@ def test_site_agents_catch_and_localize_a_one_percent_drop(make_testbed, tmp_pat
                                   "--incidents", str(tmp_path / f"incidents-{sw}.jsonl"), env=env,
                                   netns=namespace(tb.prefix, sw), stdout=log, stderr=subprocess.STDOUT)
         for sw in tb.fabric.switches:
-            wait_for(tmp_path / f"agent-{sw}.log", "[agent] watching", 120)
+            wait_for(tmp_path / f"agent-{sw}.log", "flowpulse.agent: watching", 120)
         assert "fp_count_in" in counting_filters(tb.prefix, "spine1", "leaf2")
         job_dir = tmp_path / "workload"
         job_dir.mkdir()
@@ -104,3 +104,66 @@ def test_site_agents_catch_and_localize_a_one_percent_drop(make_testbed, tmp_pat
         assert a["link"] == "leaf2->spine1" or (not a["link"] and "leaf2->spine1" in a["candidates"]), a
     named = {i["link"] for i in incidents if i.get("link")}
     assert named == {"leaf2->spine1"}, incidents
+
+
+UNIT = REPO / "deploy" / "systemd" / "flowpulse-agent.service"
+
+
+def unit_capabilities() -> list[str]:
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("CapabilityBoundingSet="):
+            return line.split("=", 1)[1].split()
+    raise AssertionError("the unit sets no CapabilityBoundingSet")
+
+
+def test_unit_file_verifies_and_its_capabilities_are_enough(make_testbed, tmp_path):
+    """systemd-analyze verify on the shipped unit; then the site agent run with only the unit's
+    capability bounding set (setpriv, as systemd would set it) loads, counts, serves /healthz and detaches."""
+    import shutil
+    import urllib.request
+
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze missing (Debian: systemd)"
+    unit = tmp_path / "flowpulse-agent.service"
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/flowpulse", f"{sys.executable} -m flowpulse"))
+    r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in unit_capabilities())
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    assert flowpulse("fabric", "export-site", "--prefix", tb.prefix, "--switch", "spine0",
+                     "--out", str(sites / "spine0.yaml")).wait() == 0
+    port = 19900 + (hash(tb.prefix) % 50)
+    log = tmp_path / "agent.log"
+    argv = ["ip", "netns", "exec", namespace(tb.prefix, "spine0"), "setpriv", f"--bounding-set=-all,{caps}",
+            "--inh-caps=-all", sys.executable, "-m", "flowpulse", "agent", "--site", str(sites / "spine0.yaml"),
+            "--state-dir", str(tmp_path / "state"), "--record", str(tmp_path / "rec"), "--log-json",
+            "--metrics-port", str(port)]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    try:
+        wait_for(log, "watching spine0", 60)
+        assert all(json.loads(line)["level"] for line in log.read_text().splitlines())   # --log-json
+        h0, h1 = tb.fabric.hosts
+        for _ in range(4):   # four pulses of pings, each followed by an idle gap
+            subprocess.run(["ip", "netns", "exec", namespace(tb.prefix, h0), "ping", "-c", "20", "-i", "0.002",
+                            "-q", tb.fabric.host_ip(h1)], capture_output=True, check=True)
+            time.sleep(0.2)
+        time.sleep(0.3)
+        # /healthz answers from inside the namespace (the agent serves on its loopback)
+        probe = subprocess.run(["ip", "netns", "exec", namespace(tb.prefix, "spine0"), sys.executable, "-c",
+                                f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/healthz')"
+                                ".read().decode())"], capture_output=True, text=True)
+        health = json.loads(probe.stdout)
+        assert health["status"] == "ok" and health["switches"]["spine0"]["pulses"] >= 3, (health, probe.stderr)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pulses = [json.loads(line) for line in (tmp_path / "rec" / "pulses-spine0.jsonl").read_text().splitlines()]
+    assert len(pulses) >= 3
+    for p in pulses[-3:]:   # each direction of the 20 pings, half of them sprayed over spine0
+        assert sum(map(sum, (d[0] for d in p["ip"]))) == sum(map(sum, (d[1] for d in p["ip"]))) > 0, p
+    for port_ in tb.fabric.ports["spine0"]:
+        assert "fp_count" not in counting_filters(tb.prefix, "spine0", port_.ifname)

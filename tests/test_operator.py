@@ -1,0 +1,69 @@
+"""What an operator runs beside the agent (no root): alert files that survive logrotate, /healthz,
+logs as JSON lines."""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+from agent.daemon import JsonLinesSink
+from agent.metrics import STALL_S, health, serve
+from flowpulse.cli import JsonLogFormatter, build_parser
+
+
+def test_alert_file_reopened_after_logrotate_moves_it(tmp_path):
+    path = tmp_path / "alerts.jsonl"
+    sink = JsonLinesSink(path)
+    sink({"n": 1})
+    path.rename(tmp_path / "alerts.jsonl.1")          # logrotate, no copytruncate
+    sink({"n": 2})
+    (tmp_path / "alerts.jsonl").unlink()              # or removed outright
+    sink({"n": 3})
+    sink.close()
+    assert [json.loads(l)["n"] for l in (tmp_path / "alerts.jsonl.1").read_text().splitlines()] == [1]
+    assert [json.loads(l)["n"] for l in path.read_text().splitlines()] == [3]
+
+
+def fake_agent(switch: str, last_poll: float):
+    return SimpleNamespace(switch=switch, pulses=7, last_poll=last_poll, detector=SimpleNamespace(active={}),
+                           reader=SimpleNamespace(resyncs=0))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_healthz_is_ok_while_every_poll_loop_runs_and_503_when_one_stalls():
+    fresh, stuck = fake_agent("leaf0", time.monotonic()), fake_agent("spine0", time.monotonic())
+    ok, body = health([fresh, stuck])
+    assert ok and body["status"] == "ok" and body["switches"]["leaf0"]["pulses"] == 7
+    port = free_port()
+    serve([fresh, stuck], port)
+    url = f"http://127.0.0.1:{port}"
+    assert json.loads(urllib.request.urlopen(url + "/healthz", timeout=5).read())["status"] == "ok"
+    stuck.last_poll -= STALL_S + 1
+    try:
+        urllib.request.urlopen(url + "/healthz", timeout=5)
+        raise AssertionError("a stalled poll loop must answer 503")
+    except urllib.error.HTTPError as e:
+        assert e.code == 503 and json.loads(e.read())["status"] == "stalled"
+
+
+def test_metrics_still_served_beside_healthz():
+    port = free_port()
+    serve([], port)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "# HELP flowpulse_pulses" in text
+
+
+def test_json_logs_are_one_object_a_line():
+    rec = logging.LogRecord("flowpulse.agent", logging.WARNING, __file__, 1, "alert %s", ("leaf1->spine2",), None)
+    out = json.loads(JsonLogFormatter().format(rec))
+    assert out["level"] == "warning" and out["message"] == "alert leaf1->spine2" and out["logger"] == "flowpulse.agent"
+    assert build_parser().parse_args(["agent", "--site", "x.yaml", "--log-json"]).log_json
