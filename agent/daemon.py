@@ -271,26 +271,3 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
             on_tick(agents)
             next_tick = time.monotonic() + tick_s
         stop.wait(poll_s)
-
-
-def live_view(agents: list[SwitchAgent], tracker: IncidentTracker | None = None) -> str:
-    """A terminal screen: per switch its pulses, worst port and active alerts; then the incidents."""
-    lines = [f"FlowPulse live view  {time.strftime('%H:%M:%S')}   (Ctrl-C to stop)", "",
-             f"{'SWITCH':8} {'PULSES':>6} {'STATE':9} {'WORST PORT':14} {'SCORE':>6}  ALERTS"]
-    for a in agents:
-        det = a.detector
-        scores = det.port_scores()
-        worst = max(scores.items(), key=lambda kv: kv[1]) if scores else None
-        state = "learning" if det.warming_up else "watching"
-        alerts = [f"{oa.alert.kind}:{oa.alert.link or '|'.join(oa.alert.candidates)}"
-                  f"@{oa.alert.estimated_rate:.2%}" for oa in list(det.active.values())]
-        wp = f"{worst[0]} ({a.dep.fabric.port(a.switch, worst[0]).ifname})" if worst else "-"
-        lines.append(f"{a.switch:8} {a.pulses:>6} {state:9} {wp:14} {worst[1] if worst else 0:>6.1f}  "
-                     + (", ".join(alerts) or "-"))
-    if tracker is not None:
-        lines += ["", f"{'INCIDENT':34} {'STATE':10} {'KIND':10} {'RATE':>7}  HOW"]
-        for inc in tracker.open():
-            lines.append(f"{inc.incident_id:34} {inc.state:10} {inc.kind:10} {inc.rate:>7.2%}  {inc.how}")
-        if not tracker.incidents:
-            lines.append("-")
-    return "\n".join(lines)

@@ -190,7 +190,9 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
     """Run built agents until --duration, SIGINT or SIGTERM; close everything they opened."""
     import signal
 
-    from agent.daemon import JsonLinesSink, live_view, make_tracker, run_agents
+    import contextlib
+
+    from agent.daemon import JsonLinesSink, make_tracker, run_agents
 
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
@@ -212,8 +214,15 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
             timer.daemon = True
             timer.start()
         log.info("watching %s on %s, model %s", ", ".join(a.switch for a in agents), where, args.model)
-        tick = (lambda ags: print("\x1b[H\x1b[2J" + live_view(ags, tracker), flush=True)) if args.live else None
-        run_agents(agents, stop, agents[0].opts.poll_s, on_tick=tick, tracker=tracker, incident_sinks=[inc_sink])
+        if args.live:
+            from agent.liveview import LiveScreen
+
+            screen = LiveScreen(tracker)
+        else:
+            screen = contextlib.nullcontext()
+        with screen:
+            run_agents(agents, stop, agents[0].opts.poll_s, on_tick=screen.update if args.live else None,
+                       tick_s=0.5, tracker=tracker, incident_sinks=[inc_sink])
     except KeyboardInterrupt:
         pass
     except RuntimeError as e:  # maps gone: the testbed went down under us

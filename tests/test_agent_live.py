@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agent.daemon import AgentOptions, SwitchAgent, live_view, run_agents
+from agent.daemon import AgentOptions, SwitchAgent, run_agents
 from agent.detector import DetectorConfig
 from analysis.experiment import run_experiment
 from analysis.report import validate_report
@@ -94,7 +94,9 @@ def test_idle_fabric_with_background_noise_and_agent_restart(make_testbed, tmp_p
     th.join()
     assert events == []
     assert all(a.detector.pulses_used == 0 for a in agents)  # nothing big enough to judge
-    view = live_view(agents)
+    from agent.liveview import render_text
+
+    view = render_text(agents)
     assert all(sw in view for sw in tb.fabric.switches) and "watching" in view
     for a in agents:
         a.close()

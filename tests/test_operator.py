@@ -8,6 +8,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 from agent.daemon import JsonLinesSink
@@ -67,3 +68,39 @@ def test_json_logs_are_one_object_a_line():
     out = json.loads(JsonLogFormatter().format(rec))
     assert out["level"] == "warning" and out["message"] == "alert leaf1->spine2" and out["logger"] == "flowpulse.agent"
     assert build_parser().parse_args(["agent", "--site", "x.yaml", "--log-json"]).log_json
+
+
+def site_agents():
+    from agent.daemon import AgentOptions, SwitchAgent
+    from agent.detector import DetectorConfig
+    from agent.site import site_from_dict, site_of_testbed
+    from tests.test_site import fake_testbed
+
+    site = site_from_dict(Path("site.yaml"), site_of_testbed(fake_testbed(), "leaf1"))
+    opts = AgentOptions(cfg=DetectorConfig(), persist=False)
+    return [SwitchAgent(site.deployment(), sw, opts, reader=None) for sw in ("leaf1", "spine2")]
+
+
+def test_live_view_shows_switches_scores_and_incidents():
+    from agent.liveview import render_text, score_bar
+
+    incident = SimpleNamespace(incident_id="inc-leaf2->spine1-1", state="localized", kind="loss", rate=0.0123,
+                               how="spine1's verdict: its link from leaf2 is lossy")
+    tracker = SimpleNamespace(open=lambda: [incident])
+    text = render_text(site_agents(), tracker)
+    for word in ("leaf1", "spine2", "watching", "score / threshold", "inc-leaf2->spine1-1", "localized", "1.23%"):
+        assert word in text, text
+    assert score_bar(2.5).plain.startswith("█" * 20) and score_bar(0.0).plain.startswith("·" * 20)
+
+
+def test_live_screen_keeps_log_lines_in_its_panel_and_gives_stderr_back():
+    from agent.liveview import LiveScreen
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    with LiveScreen() as screen:
+        logging.getLogger("flowpulse.agent").warning("alert loss on leaf2->spine1")
+        screen.update(site_agents())
+        assert any("alert loss on leaf2->spine1" in line for line in screen.lines)
+        assert all(h not in root.handlers for h in before)
+    assert root.handlers == before
