@@ -91,7 +91,7 @@ class SwitchAgent:
     def _make_detector(self) -> SwitchDetector:
         d = self.dep
         return SwitchDetector(d.fabric, self.switch, self.opts.cfg, d.spray, d.weights, list(d.out_of_service),
-                              list(d.degraded))
+                              list(d.degraded), per_source=d.per_source)
 
     # -- detector state across restarts -------------------------------------------------
     @property

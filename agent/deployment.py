@@ -27,6 +27,7 @@ class Deployment:
     state_dir: Path                    # detector state, one file per switch
     verdict_dir: Path                  # verdict evidence each switch's agent exports and the others read
     reload: Callable[[], "Deployment"]  # SIGHUP: the same source read again
+    per_source: bool = True            # the counts split packets by source leaf (not interface statistics)
 
 
 def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:

@@ -9,7 +9,7 @@ leaves spray, what is out of service and where state and verdicts go::
     flowpulse_site: 1
     switch: spine2
     fabric: {leaves: 4, spines: 4, hosts_per_leaf: 2}
-    counters: ebpf
+    counters: ebpf            # or netlink (no BPF; totals only: see agent/netlink.py)
     pulse_gap_ms: 50
     spray: rrdst
     ports: {enp1s0: leaf0, enp2s0: leaf1, enp3s0: leaf2, enp4s0: leaf3}
@@ -48,6 +48,7 @@ class CounterSource(str, Enum):
     """Where the agent's per-pulse counts come from."""
 
     EBPF = "ebpf"        # agent.counting: exact, per source leaf, pulses cut in the kernel
+    NETLINK = "netlink"  # agent.netlink: interface statistics, no per-source split, pulses cut by a sampler
 
     def __str__(self) -> str:
         return self.value
@@ -86,7 +87,8 @@ class Site:
     def deployment(self) -> Deployment:
         return Deployment(name=f"site {self.path}", fabric=self.fabric, spray=self.spray, weights=dict(self.weights),
                           out_of_service=self.out_of_service, degraded=self.degraded, state_dir=self.state_dir,
-                          verdict_dir=self.verdicts, reload=self.reload)
+                          verdict_dir=self.verdicts, reload=self.reload,
+                          per_source=self.counters is CounterSource.EBPF)
 
     def reload(self) -> Deployment:
         """SIGHUP: the file read again. What the detector takes (spray, weights, out of service, degraded)
@@ -215,10 +217,15 @@ def site_from_dict(path: Path, data: dict) -> Site:
         weights[link.name] = float(w)
     oos = tuple(link for t in data.get("out_of_service") or [] for link in _links(path, fabric, "out_of_service", t))
     degraded = tuple(link for t in data.get("degraded") or [] for link in _links(path, fabric, "degraded", t))
+    counters = CounterSource(data.get("counters", "ebpf"))
+    if counters is CounterSource.NETLINK and (oos or weights or degraded):
+        raise _fail(path, "counters", "netlink gives totals without a per-source split, which are judged only when "
+                                      "every leaf sprays alike: no out_of_service, weights or degraded links "
+                                      "(use counters: ebpf)")
     state_dir = _dir(path, data.get("state_dir", str(DEFAULT_STATE_DIR)))
     verdict_dir = _dir(path, data["verdict_dir"]) if "verdict_dir" in data else None
     return Site(path=path, switch=switch, fabric=fabric, ifnames=ifnames, sources=sources,
-                counters=CounterSource(data.get("counters", "ebpf")), gap_ms=float(data.get("pulse_gap_ms", 50)),
+                counters=counters, gap_ms=float(data.get("pulse_gap_ms", 50)),
                 spray=SprayMode.parse(data.get("spray", "rrdst")), weights=weights, out_of_service=oos,
                 degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir)
 

@@ -150,31 +150,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     check_agent_args(args)
     cfg = detector_config(args)          # the detector's settings too (--fa-per-day, --pulse-hz)
     site = load_site_args(args) if args.site else None
+    if site is not None:
+        from agent.counting import local_ifindexes
+
+        local_ifindexes(site)        # every interface exists here, before anything is built or written
     require_root()
     if args.metrics_port is not None:
         check_port_free(args.metrics_addr, args.metrics_port)
     sink = JsonLinesSink(args.alerts, stdout=args.json)
     if site is not None:
-        from agent.counting import CountingProgram, local_ifindexes
-        from agent.reader import PulseReader
-
-        local_ifindexes(site)        # every interface exists here, before anything is built
-        opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
-                            export_verdicts=True)
-        program = CountingProgram(site)
-        try:
-            program.load()
-            program.attach()
-            agent = SwitchAgent(site.deployment(), site.switch, opts,
-                                PulseReader(site.switch, site.gap_ms, program.maps), sinks=[sink])
-        except BaseException:
-            program.close()
-            raise
-        where = f"site {args.site} ({len(site.ifnames)} ports: {', '.join(site.ifnames)})"
-        try:
-            return serve_agents(args, [agent], sink, where, piddir=None)
-        finally:
-            program.close()
+        return run_site_agent(args, site, cfg, sink)
     from netns_testbed.state import Testbed
 
     tb = Testbed.load(args.prefix)
@@ -184,6 +169,38 @@ def cmd_agent(args: argparse.Namespace) -> int:
                         export_verdicts=set(switches) != set(tb.fabric.switches))
     agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[sink], degraded=args.degraded) for sw in switches]
     return serve_agents(args, agents, sink, f"testbed {tb.prefix} (spray {tb.state.spray})", piddir=tb.dir / "pids")
+
+
+def run_site_agent(args: argparse.Namespace, site, cfg, sink) -> int:
+    """The agent of the one switch a site file describes, on this machine's interfaces."""
+    from agent.counting import CountingProgram, local_ifindexes
+    from agent.daemon import AgentOptions, SwitchAgent
+    from agent.reader import PulseReader
+    from agent.site import CounterSource
+
+    ifindexes = local_ifindexes(site)
+    opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
+                        export_verdicts=True)
+    where = f"site {args.site} ({len(site.ifnames)} ports: {', '.join(site.ifnames)}; {site.counters} counters)"
+    if site.counters is CounterSource.NETLINK:
+        from agent.netlink import NetlinkReader
+
+        reader = NetlinkReader(site.switch, ifindexes, site.fabric.spec.leaves + 2, site.gap_ms)
+        agent = SwitchAgent(site.deployment(), site.switch, opts, reader, sinks=[sink])
+        return serve_agents(args, [agent], sink, where, piddir=None)
+    program = CountingProgram(site)
+    try:
+        program.load()
+        program.attach()
+        agent = SwitchAgent(site.deployment(), site.switch, opts,
+                            PulseReader(site.switch, site.gap_ms, program.maps), sinks=[sink])
+    except BaseException:
+        program.close()
+        raise
+    try:
+        return serve_agents(args, [agent], sink, where, piddir=None)
+    finally:
+        program.close()
 
 
 def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Path | None) -> int:

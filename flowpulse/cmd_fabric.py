@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     who.add_argument("--all", action="store_true", help="every switch, one <switch>.yaml each in --dir")
     ex.add_argument("--out", type=Path, help="with --switch: write here instead of stdout")
     ex.add_argument("--dir", type=Path, help="with --all: an existing directory for the files")
+    ex.add_argument("--counters", choices=("ebpf", "netlink"), default="ebpf",
+                    help="the counter source the files name (netlink: interface statistics, no BPF)")
     add_common(ex)
     ex.set_defaults(func=cmd_export_site)
 
@@ -161,7 +163,7 @@ def cmd_export_site(args: argparse.Namespace) -> int:
         raise SpecError(f"--out {args.out}: name a file in an existing directory")
     tb = Testbed.load(args.prefix)
     switches = tb.fabric.switches if args.all else [args.switch]
-    sites = {sw: dump_site(site_of_testbed(tb, sw)) for sw in switches}   # every one checked before any is written
+    sites = {sw: dump_site({**site_of_testbed(tb, sw), "counters": args.counters}) for sw in switches}   # every one checked before any is written
     if args.all:
         for sw, text in sites.items():
             (args.dir / f"{sw}.yaml").write_text(text)

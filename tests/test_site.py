@@ -140,3 +140,11 @@ def test_reload_takes_what_the_detector_uses_and_refuses_what_the_program_was_bu
     assert site.reload().out_of_service == ()
     p.write_text("switch: [broken\n")                           # does not validate: kept as it was
     assert site.reload().fabric.spec == FABRIC.spec
+
+
+def test_netlink_site_needs_every_leaf_to_spray_alike(tmp_path):
+    data = {**site_of_testbed(fake_testbed(oos=["leaf0<->spine3"]), "leaf1"), "counters": "netlink"}
+    with pytest.raises(SpecError, match="counters: netlink gives totals"):
+        load_site(write(tmp_path, data))
+    ok = load_site(write(tmp_path, {**site_of_testbed(fake_testbed(), "leaf1"), "counters": "netlink"}))
+    assert not ok.deployment().per_source

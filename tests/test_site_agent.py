@@ -8,7 +8,6 @@ are off; its datapath still sprays and injects the fault.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,19 +17,16 @@ from pathlib import Path
 import pytest
 
 from analysis.experiment import FaultScheduler
+from analysis.siteagents import REPO, SiteAgents, flowpulse_argv
 from analysis.spec import parse_scheduled
 from netns_testbed.topo import namespace
 from workload.launcher import JobSpec, run_job
 
 pytestmark = pytest.mark.root
-REPO = Path(__file__).resolve().parent.parent
 
 
-def flowpulse(*args: str, env=None, netns: str | None = None, **kw) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "flowpulse", *args]
-    if netns:
-        argv = ["ip", "netns", "exec", netns, *argv]
-    return subprocess.Popen(argv, cwd=REPO, env=env, **kw)
+def flowpulse(*args: str, netns: str | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(flowpulse_argv(*args, netns=netns), cwd=REPO, **kw)
 
 
 def counting_filters(prefix: str, switch: str, ifname: str) -> str:
@@ -50,60 +46,64 @@ def wait_for(path: Path, text: str, timeout: float) -> None:
     raise AssertionError(f"{path} never said {text!r}: {path.read_text() if path.exists() else '(no file)'}")
 
 
+def job_with_fault(tb, out: Path, fault: str, iterations: int, size: int):
+    job_dir = out / "workload"
+    job_dir.mkdir()
+    sched = FaultScheduler(tb, [parse_scheduled(tb.fabric, fault)], job_dir / "progress.jsonl", lambda m: None)
+    sched.start()
+    job = run_job(tb, JobSpec("allreduce", size=size, iterations=iterations, idle_ms=150), job_dir)
+    sched.stop.set()
+    assert job.ok, job.failure
+    assert sched.applied, "the fault never went on"
+    time.sleep(1.0)  # the last pulse closes and is judged
+    return job
+
+
 def test_site_agents_catch_and_localize_a_one_percent_drop(make_testbed, tmp_path):
     tb = make_testbed()
-    sites = tmp_path / "sites"
-    sites.mkdir()
-    assert flowpulse("fabric", "export-site", "--prefix", tb.prefix, "--all", "--dir", str(sites)).wait() == 0
-    empty_run = tmp_path / "no-testbed-here"
-    empty_run.mkdir()
-    env = {**os.environ, "FLOWPULSE_RUN_DIR": str(empty_run)}   # any read of testbed state would fail
-    state, verdicts = tmp_path / "state", tmp_path / "verdicts"
-    procs = {}
-    try:
-        for sw in tb.fabric.switches:
-            log = open(tmp_path / f"agent-{sw}.log", "w")
-            procs[sw] = flowpulse("agent", "--site", str(sites / f"{sw}.yaml"), "--state-dir", str(state / sw),
-                                  "--verdict-dir", str(verdicts), "--alerts", str(tmp_path / f"alerts-{sw}.jsonl"),
-                                  "--incidents", str(tmp_path / f"incidents-{sw}.jsonl"), env=env,
-                                  netns=namespace(tb.prefix, sw), stdout=log, stderr=subprocess.STDOUT)
-        for sw in tb.fabric.switches:
-            wait_for(tmp_path / f"agent-{sw}.log", "flowpulse.agent: watching", 120)
+    with SiteAgents(tb, tmp_path) as agents:
         assert "fp_count_in" in counting_filters(tb.prefix, "spine1", "leaf2")
-        job_dir = tmp_path / "workload"
-        job_dir.mkdir()
-        sched = FaultScheduler(tb, [parse_scheduled(tb.fabric, "leaf2->spine1:drop=0.01@iter=10")],
-                               job_dir / "progress.jsonl", lambda m: None)
-        sched.start()
-        job = run_job(tb, JobSpec("allreduce", size=8 << 20, iterations=36, idle_ms=150), job_dir)
-        sched.stop.set()
-        assert job.ok, job.failure
-        assert "leaf2->spine1" in sched.applied
-        time.sleep(1.0)  # the last pulse closes and is judged
-        for sw, p in procs.items():
-            p.send_signal(signal.SIGTERM)
-        for sw, p in procs.items():
-            assert p.wait(timeout=30) == 0, (tmp_path / f"agent-{sw}.log").read_text()
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
+        job_with_fault(tb, tmp_path, "leaf2->spine1:drop=0.01@iter=10", 36, 8 << 20)
+    assert set(agents.exit_codes.values()) == {0}, {sw: agents.log(sw).read_text()[-500:] for sw in agents.procs}
     # detached cleanly: the testbed's own program is all that is left
     for sw in tb.fabric.switches:
         for port in tb.fabric.ports[sw]:
             text = counting_filters(tb.prefix, sw, port.ifname)
             assert "fp_count" not in text and ("fp_ingress" in text and "fp_egress" in text), (sw, text)
-    assert list(empty_run.iterdir()) == []
-    alerts = [json.loads(line) for sw in tb.fabric.switches
-              for line in (tmp_path / f"alerts-{sw}.jsonl").read_text().splitlines()]
-    incidents = [json.loads(line) for sw in tb.fabric.switches
-                 for line in (tmp_path / f"incidents-{sw}.jsonl").read_text().splitlines()]
-    raised = [a for a in alerts if a["event"] == "alert"]
+    assert list(agents.empty_run.iterdir()) == []
+    raised = [a for a in agents.alerts() if a["event"] == "alert"]
     assert raised, "nothing caught the 1% drop"
     for a in raised:   # every alert points at the faulty link
         assert a["link"] == "leaf2->spine1" or (not a["link"] and "leaf2->spine1" in a["candidates"]), a
-    named = {i["link"] for i in incidents if i.get("link")}
-    assert named == {"leaf2->spine1"}, incidents
+    named = {i["link"] for i in agents.incidents() if i.get("link")}
+    assert named == {"leaf2->spine1"}, agents.incidents()
+
+
+def test_netlink_counters_catch_a_spine_leaf_drop_and_stay_silent_for_100_healthy_iterations(make_testbed, tmp_path):
+    """Interface statistics only (no BPF in the agents): leaves judge their uplinks' totals. 100 healthy
+    iterations, then a 2% drop on spine1->leaf2: leaf2 must see it, every alert must hold the link, and
+    nothing may alert before the fault. (Localization to one link needs the per-source split.)"""
+    tb = make_testbed()
+    with SiteAgents(tb, tmp_path, counters="netlink", record=True) as agents:
+        job = job_with_fault(tb, tmp_path, "spine1->leaf2:drop=0.02@iter=101", 125, 4 << 20)
+    assert set(agents.exit_codes.values()) == {0}
+    # the fault goes on when iteration 100 ends: an alert on a pulse that ended before is a false one
+    onset = next(it["end"] for it in job.iterations if it["index"] == 100)
+    raised = [a for a in agents.alerts() if a["event"] == "alert"]
+    early = [a for a in raised if a["time"] <= onset]
+    assert early == [], early
+    assert raised, "the 2% drop was not caught"
+    for a in raised:
+        assert "spine1->leaf2" in a["candidates"], a
+    ends = sorted(it["end"] for it in job.iterations if it["end"] > onset)
+    first = min(raised, key=lambda a: a["time"])
+    faulty_iterations = sum(1 for e in ends if e < first["time"]) + 1
+    leaf2 = [json.loads(l) for l in (tmp_path / "pulses" / "pulses-leaf2.jsonl").read_text().splitlines()]
+    big = [p for p in leaf2 if sum(sum(d[0]) for d in p["ip"]) > 1000]
+    print(f"netlink: {len(big)} leaf2 pulses for 125 iterations; caught {first['time'] - onset:.2f} s after onset, "
+          f"in iteration {faulty_iterations} of the fault, rate {first['estimated_rate']:.4f}")
+    assert faulty_iterations <= 3
+    assert 100 <= len(big) <= 135   # the sampler cut about one pulse per iteration
 
 
 UNIT = REPO / "deploy" / "systemd" / "flowpulse-agent.service"
@@ -167,3 +167,4 @@ def test_unit_file_verifies_and_its_capabilities_are_enough(make_testbed, tmp_pa
         assert sum(map(sum, (d[0] for d in p["ip"]))) == sum(map(sum, (d[1] for d in p["ip"]))) > 0, p
     for port_ in tb.fabric.ports["spine0"]:
         assert "fp_count" not in counting_filters(tb.prefix, "spine0", port_.ifname)
+

@@ -206,9 +206,15 @@ class PeerCheck:
         learned = np.divide(self.learn_c, n, out=self.w_model.copy(), where=n > 0)
         return learned
 
+    per_source = True
+    sources_per_cell = 1   # source leaves whose traffic one cell adds up (their rotation noises add)
+
+    def counts(self, pc: PulseCounts) -> np.ndarray:
+        """Packets received per (source leaf, uplink) in the pulse."""
+        return pc.ip[:self.S, 0, 1:self.L + 1].T.astype(float) * self.usable
+
     def samples(self, pc: PulseCounts) -> Samples:
-        S, L = self.S, self.L
-        c = pc.ip[:S, 0, 1:L + 1].T.astype(float) * self.usable
+        c = self.counts(pc)
         n = c.sum(axis=1, keepdims=True)
         ready = self.valid & (n[:, 0] >= self.cfg.min_cell_pkts)
         if self.cfg.model is Model.LEARNED:
@@ -216,7 +222,7 @@ class PeerCheck:
         w = self.shares()
         wq = w * (1.0 - w)
         s = wq * n
-        u = s if self.spray is not SprayMode.RRDST else rrdst_unit(w, self.rot)
+        u = s if self.spray is not SprayMode.RRDST else rrdst_unit(w, self.rot) * self.sources_per_cell
         mask = self.usable & ready[:, None] & (wq > 0)
         u = np.where(mask, u, 1.0)
         cls = 0
@@ -269,6 +275,53 @@ class PeerCheck:
         self.learn_c = np.asarray(d["learn_c"], dtype=float).reshape(self.learn_c.shape)
         self.learn_n = np.asarray(d["learn_n"], dtype=float).reshape(self.learn_n.shape)
         self.learn_pulses = np.asarray(d["learn_pulses"], dtype=np.int64).reshape(self.learn_pulses.shape)
+
+
+class TotalsPeerCheck(PeerCheck):
+    """Leaves, from per-port totals (interface statistics: no split by source leaf).
+
+    The packets an uplink receives from all source leaves together are one cell per uplink. Their
+    expected share is a source's share when every source leaf sprays over this leaf's uplinks alike
+    (no links out of service, no weights, nothing degraded): checked here, else no test can be made
+    from totals and the site is refused. A deficit on uplink ``k`` points at ``spine_k->this leaf``
+    or at any ``leafX->spine_k``: which, only a spine with a per-source split could tell. Under rrdst
+    each source's rotation noise adds: ``sources_per_cell`` times one source's.
+    """
+
+    kind = "peer"
+    per_source = False
+
+    def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
+                 weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
+        super().__init__(fabric, switch, spray, cfg, weights, oos, degraded)
+        me = node_num(switch)
+        rows = [a for a in range(self.L) if a != me]
+        if rows and (not self.valid[rows].all()
+                     or any(not np.allclose(self.w_model[a], self.w_model[rows[0]]) for a in rows)):
+            from flowpulse.errors import SpecError
+
+            raise SpecError(f"{switch}: interface statistics have no per-source split, so every leaf must spray "
+                            "over its uplinks alike: no links out of service, weights or degraded links "
+                            "(use the ebpf counters for those)")
+        first = rows[0] if rows else me
+        self.sources = rows
+        self.sources_per_cell = max(1, len(rows))
+        self.w_model = self.w_model[first][None, :]
+        self.usable = self.usable[first][None, :] if rows else np.zeros((1, self.S), bool)
+        self.valid = np.array([bool(rows)])
+        self.shape = (1, self.S)
+        self.port_of_cell = np.arange(self.S)[None, :]
+        self.learn_c = np.zeros((1, self.S))
+        self.learn_n = np.zeros(1)
+        self.learn_pulses = np.zeros(1, dtype=np.int64)
+
+    def counts(self, pc: PulseCounts) -> np.ndarray:
+        return pc.ip[:self.S, 0, :].sum(axis=1)[None, :].astype(float) * self.usable
+
+    def suspects(self, idx: tuple) -> Suspect:
+        _, k = idx
+        down = Link(f"spine{k}", self.switch)
+        return Suspect(k, "in", None, None, (down,) + tuple(Link(f"leaf{a}", f"spine{k}") for a in self.sources))
 
 
 class SpineCheck:
@@ -429,7 +482,7 @@ class HostCheck:
         to_host = counts[S:S + H, 1, :].astype(float)           # [host, source class]
         obs = to_host.sum(axis=1)
         ps = self.peer.last
-        if ps is not None and ps.mask.any():
+        if ps is not None and ps.mask.any() and self.peer.per_source:
             sd = np.sqrt(self.peer.noise.variance(ps.u, ps.cls))
             w = self.peer.shares()
             lost = np.where(ps.mask, np.maximum(0.0, ps.r - 2.0 * sd) / np.maximum(1.0 - w, 1e-9), 0.0).sum(axis=1)

@@ -34,7 +34,8 @@ from scipy.special import ndtri
 
 from agent.detector.alerts import Alert, AlertBook, OpenAlert
 from agent.detector.arl import budget_ln_arl
-from agent.detector.checks import CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, Suspect
+from agent.detector.checks import (CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, Suspect,
+                                   TotalsPeerCheck)
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
 from agent.detector.verdict import Ledger, LinkEvidence, evidence_from
@@ -49,8 +50,13 @@ class SwitchDetector:
 
     def __init__(self, fabric: Fabric, switch: str, cfg: DetectorConfig | None = None,
                  spray: SprayMode | str = SprayMode.RRDST, weights: dict[str, float] | None = None,
-                 out_of_service: list[Link] | None = None, degraded: list[Link] | None = None) -> None:
+                 out_of_service: list[Link] | None = None, degraded: list[Link] | None = None,
+                 per_source: bool = True) -> None:
+        """``per_source``: the counts split packets by source leaf (the eBPF counters, recorded runs, the
+        model). Without the split (interface statistics) leaves judge their uplinks' totals
+        (:class:`TotalsPeerCheck`) and spines only damaged frames."""
         self.fabric = fabric
+        self.per_source = per_source
         self.switch = switch
         self.cfg = (cfg or DetectorConfig()).validate()
         self.spray = SprayMode.parse(spray)
@@ -60,8 +66,9 @@ class SwitchDetector:
         self.is_leaf = node_kind(switch) == "leaf"
         self.nports = len(fabric.ports[switch])
         args = (fabric, switch, self.spray, self.cfg, self.weights, self.oos, deg)
-        self.checks: list[PeerCheck | SpineCheck | HostCheck] = [PeerCheck(*args)] if self.is_leaf else \
-            [SpineCheck(*args)] if self.cfg.spine_test else []
+        peer = PeerCheck if per_source else TotalsPeerCheck
+        self.checks: list[PeerCheck | SpineCheck | HostCheck] = [peer(*args)] if self.is_leaf else \
+            [SpineCheck(*args)] if self.cfg.spine_test and per_source else []
         if self.is_leaf and self.cfg.host_test and fabric.spec.hosts_per_leaf >= 2:
             self.checks.append(HostCheck(fabric, switch, self.cfg, deg, self.checks[0]))
         self.banks = [CusumBank(self.cfg.magnitudes, c.shape) for c in self.checks]
@@ -289,7 +296,7 @@ class SwitchDetector:
     def identity(self) -> dict:
         return {"version": STATE_VERSION, "switch": self.switch, "fabric": self.fabric.spec.to_dict(),
                 "spray": str(self.spray), "config": self.cfg.to_dict(), "weights": self.weights,
-                "out_of_service": sorted(l.name for l in self.oos)}
+                "out_of_service": sorted(l.name for l in self.oos), "per_source": self.per_source}
 
     def state(self) -> dict:
         return {"identity": self.identity(), "pulses_used": self.pulses_used,
