@@ -117,6 +117,21 @@ def test_incident_series_exported():
                              "kind": "loss", "state": "localized"} and sample.value == 1.0
 
 
+def test_grafana_provisioning_points_at_the_dashboard_and_a_prometheus():
+    """Grafana is not installed here: the provisioning files are checked for the fields Grafana reads."""
+    import yaml
+
+    prov = DEPLOY / "grafana" / "provisioning"
+    ds = yaml.safe_load((prov / "datasources" / "flowpulse.yml").read_text())
+    assert ds["apiVersion"] == 1 and [d["type"] for d in ds["datasources"]] == ["prometheus"]
+    assert ds["datasources"][0]["url"].startswith("http") and ds["datasources"][0]["uid"]
+    db = yaml.safe_load((prov / "dashboards" / "flowpulse.yml").read_text())
+    assert db["apiVersion"] == 1 and db["providers"][0]["type"] == "file" and db["providers"][0]["options"]["path"]
+    dash = json.loads((DEPLOY / "grafana" / "flowpulse.json").read_text())
+    # the dashboard picks its data source by type, so the provisioned one (any uid) serves it
+    assert {t["query"] for t in dash["templating"]["list"] if t["type"] == "datasource"} == {"prometheus"}
+
+
 def test_dashboard_uses_exported_metrics():
     from agent.metrics import AgentCollector
 
