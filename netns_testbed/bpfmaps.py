@@ -183,7 +183,12 @@ class _InfoAttr(ct.Structure):
 
 def loaded_program_names() -> list[str]:
     """Names of all BPF programs loaded in the kernel (what ``bpftool prog`` lists)."""
-    names, cur = [], 0
+    return list(loaded_programs().values())
+
+
+def loaded_programs() -> dict[int, str]:
+    """Id -> name of every BPF program loaded in the kernel."""
+    names, cur = {}, 0
     while True:
         attr = _NextIdAttr(start_id=cur)
         try:
@@ -201,6 +206,6 @@ def loaded_program_names() -> list[str]:
             info = (ct.c_uint8 * 256)()
             _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(info)))
             # struct bpf_prog_info: name[16] starts at byte offset 64
-            names.append(bytes(info[64:80]).split(b"\0")[0].decode(errors="replace"))
+            names[cur] = bytes(info[64:80]).split(b"\0")[0].decode(errors="replace")
         finally:
             os.close(fd)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,21 +16,19 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
 from netns_testbed import builder, faults
-from netns_testbed.bpfmaps import loaded_program_names
+from netns_testbed.bpfmaps import loaded_programs
 from netns_testbed.counters import port_rows
 from netns_testbed.datapath import KINDS, interface_stats
 from netns_testbed.nsutil import snmp
 from netns_testbed.ping import all_pairs, unreachable_outside
 from netns_testbed.state import RUN_DIR, Testbed
+from netns_testbed.topo import namespace
 from tests.conftest import new_prefix
 from tests.traffic import mac_of, raw_send, settle, udp_blast
 
 pytestmark = pytest.mark.root
 Z = 5.0  # two-sided z for the statistical checks: false failure ~6e-7 per check
 
-
-def fp_programs() -> int:
-    return sum(1 for n in loaded_program_names() if n in ("fp_ingress", "fp_egress"))
 
 
 def leftovers_of(prefix: str) -> dict:
@@ -277,27 +276,31 @@ def test_out_of_service_uplink_carries_nothing(make_testbed):
         spine1.close()
 
 
-def stable_fp_programs(timeout: float = 15.0) -> int:
-    """Program count once it stops changing (the kernel frees programs asynchronously)."""
-    last, since, deadline = fp_programs(), time.time(), time.time() + timeout
-    while time.time() < deadline:
-        time.sleep(0.2)
-        now = fp_programs()
-        if now != last:
-            last, since = now, time.time()
-        elif time.time() - since > 1.0:
-            break
-    return last
+def attached_program_ids(prefix: str, fabric) -> set[int]:
+    """Ids of the programs tc has attached in this testbed's switch namespaces (other testbeds and
+    test runs on the machine load their own: only these are this testbed's)."""
+    ids = set()
+    for sw in fabric.switches:
+        for port in fabric.ports[sw]:
+            for hook in ("ingress", "egress"):
+                out = subprocess.run(["tc", "-n", namespace(prefix, sw), "filter", "show", "dev", port.ifname, hook],
+                                     capture_output=True, text=True).stdout
+                ids |= {int(m) for m in re.findall(r" id (\d+) ", out)}
+    return ids
 
 
 def test_down_is_clean_and_idempotent(make_testbed):
-    base = stable_fp_programs()
     tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
-    assert fp_programs() == base + 2 * 4  # 4 switches, ingress + egress each
+    ids = attached_program_ids(tb.prefix, tb.fabric)
+    progs = loaded_programs()
+    assert len(ids) == 2 * 4 and {progs[i] for i in ids} == {"fp_ingress", "fp_egress"}  # 4 switches, in + out
     assert builder.down(tb.prefix)
     assert_gone(tb.prefix)
     assert builder.down(tb.prefix) == []
-    assert stable_fp_programs() == base
+    deadline = time.time() + 15   # the kernel frees programs asynchronously
+    while ids & set(loaded_programs()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not ids & set(loaded_programs())
 
 
 def test_failed_build_leaves_nothing(monkeypatch):
