@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import logging
-import os
-from pathlib import Path
+import socket
 
 from agent.site import Site
 from flowpulse.errors import EnvironmentProblem, SpecError
@@ -50,17 +49,15 @@ def program_text(site: Site) -> str:
 
 
 def local_ifindexes(site: Site) -> list[int]:
-    """This machine's (this namespace's) ifindex of each port, or one line naming the missing interface."""
+    """This machine's (this network namespace's) ifindex of each port, or one line naming the missing
+    interface. (if_nametoindex asks the kernel in the caller's namespace; /sys may show another's.)"""
     idx = []
     for name in site.ifnames:
         try:
-            idx.append(int(Path(f"/sys/class/net/{name}/ifindex").read_text()))
-        except (FileNotFoundError, NotADirectoryError, ValueError):
-            try:
-                idx.append(os.if_nametoindex(name))  # sysfs can belong to another namespace (ip netns exec remounts it)
-            except OSError:
-                raise SpecError(f"site file {site.path}: ports: no interface {name!r} on this machine: "
-                                "fix the name (ip -br link lists them) or run where it exists") from None
+            idx.append(socket.if_nametoindex(name))
+        except OSError:
+            raise SpecError(f"site file {site.path}: ports: no interface {name!r} on this machine: "
+                            "fix the name (ip -br link lists them) or run where it exists") from None
     return idx
 
 

@@ -148,3 +148,15 @@ def test_netlink_site_needs_every_leaf_to_spray_alike(tmp_path):
         load_site(write(tmp_path, data))
     ok = load_site(write(tmp_path, {**site_of_testbed(fake_testbed(), "leaf1"), "counters": "netlink"}))
     assert not ok.deployment().per_source
+
+
+def test_agent_names_an_interface_this_machine_lacks_and_builds_nothing(tmp_path):
+    data = site_of_testbed(fake_testbed(), "spine2")
+    data["ports"] = {f"fpnosuch{i}": f"leaf{i}" for i in range(4)}
+    data["state_dir"] = str(tmp_path / "state")
+    p = write(tmp_path, data)
+    r = subprocess.run([sys.executable, "-m", "flowpulse", "agent", "--site", str(p), "--alerts",
+                        str(tmp_path / "alerts.jsonl")], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and "no interface 'fpnosuch0'" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "state").exists() and not (tmp_path / "alerts.jsonl").exists()
