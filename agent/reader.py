@@ -21,12 +21,13 @@ from typing import Callable
 import numpy as np
 
 from agent.pulse import PulseCounts
-from netns_testbed.datapath import KINDS
+from netns_testbed.datapath import KINDS, PULSE_TIME_BITS
 
 log = logging.getLogger("flowpulse.agent.reader")
 IP_KINDS = [KINDS.index(k) for k in ("tcp_data", "tcp_ctrl", "other_ip")]   # IPv4 with a good header
 DATA_KIND = KINDS.index("tcp_data")
 BAD_KIND = KINDS.index("bad_hdr")
+PULSE_ID_MOD = 1 << (64 - PULSE_TIME_BITS)
 
 
 def wall_of(mono_ns: int) -> float:
@@ -84,8 +85,8 @@ class PulseReader:
         pid, last_ns, start_ns = self.maps.pulse_state()
         if self.snap is not None and pid == self.snap_pid:
             return None
-        if time.monotonic_ns() - last_ns < self.gap_ns and pid != 0:
-            return None  # mid-pulse: wait for the idle gap
+        if time.monotonic_ns() - last_ns < self.gap_ns and (pid != 0 or last_ns != 0):
+            return None  # mid-pulse: wait for the idle gap (id 0 and time 0: no packet yet)
         counters = self.maps.counters()
         self.reads += 1
         if self.maps.pulse_state()[:2] != (pid, last_ns):
@@ -99,7 +100,7 @@ class PulseReader:
             self.resyncs += 1
             self.snap, self.snap_pid = counters, pid
             return None
-        merged = pid - self.snap_pid
+        merged = (pid - self.snap_pid) % PULSE_ID_MOD   # the kernel's id wraps (24 bits beside the time)
         self.snap, self.snap_pid = counters, pid
         pkts = delta[..., 0]
         ip = pkts[:, :, :, IP_KINDS].sum(axis=3)

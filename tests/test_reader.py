@@ -116,3 +116,18 @@ def test_detector_rebuilt_for_new_port_count():
     pc = PulseCounts("leaf0", 1, np.zeros((7, 2, 6), np.int64), np.zeros((7, 2), np.int64))
     agent.reader = type("R", (), {"poll": lambda self: pc})()
     assert agent.step() == [] and agent.detector.nports == 7
+
+
+def test_pulse_id_wrap_neither_skips_the_idle_check_nor_counts_backwards():
+    m = FakeMaps()
+    r = reader_with(m)
+    m.pid = (1 << 24) - 1                 # the last id before the wrap
+    m.last = time.monotonic_ns() - int(100e6)
+    assert r.poll() is None               # baseline
+    m.c[0, 0, 1, 0, 0] += 300
+    m.pid = 0                             # wrapped, and a packet a moment ago: mid-pulse
+    m.last = time.monotonic_ns()
+    assert r.poll() is None
+    m.last -= int(100e6)                  # now idle
+    pc = r.poll()
+    assert pc is not None and pc.merged == 1 and pc.ip[0, 0, 1] == 300
