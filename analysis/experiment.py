@@ -51,7 +51,7 @@ class FaultScheduler(threading.Thread):
 
     def apply(self, sf: ScheduledFault) -> None:
         fault_ops.apply(self.tb, sf.fault)
-        self.applied[sf.fault.link] = time.time()
+        self.applied[sf.fault.link.name] = time.time()
         self.say(f"fault on: {sf.fault.describe()}")
 
     def run(self) -> None:
@@ -136,9 +136,9 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         inc_sink.close()
         builder.down(spec.prefix)
     events = [json.loads(l) for l in (out / "alerts.jsonl").read_text().splitlines() if l.strip()]
-    fault_rows = [{"link": sf.fault.link, "kind": sf.fault.kind, "rate": sf.fault.effective_rate,
-                   "spec": sf.fault.describe(), "start": sched.applied.get(sf.fault.link) if sched else None,
-                   "end": fault_end if sched and sf.fault.link in sched.applied else None}
+    fault_rows = [{"link": sf.fault.link.name, "kind": sf.fault.kind.value, "rate": sf.fault.effective_rate,
+                   "spec": sf.fault.describe(), "start": sched.applied.get(sf.fault.link.name) if sched else None,
+                   "end": fault_end if sched and sf.fault.link.name in sched.applied else None}
                   for sf in spec.faults]
     applied = [f for f in fault_rows if f["start"] is not None]
     iterations = [{"index": it["index"], "start": it["start"], "end": it["end"], "duration_s": it["duration_s"],

@@ -82,7 +82,7 @@ class ExperimentSpec:
         oos = {l.name for l in fabric.parse_link_list(self.out_of_service)}
         seen: dict[str, str] = {}
         for sf in self.faults:
-            link = sf.fault.link
+            link = sf.fault.link.name
             if link in seen:
                 raise SpecError(f"conflicting faults on {link}: {seen[link]!r} and {sf.text!r}; one fault per link")
             seen[link] = sf.text

@@ -43,7 +43,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     tb = Testbed.load(args.prefix)
     spec = faults.parse_fault(tb.fabric, args.fault)
     replaced = faults.apply(tb, spec, backend=args.backend)
-    emit(args, {"link": spec.link, "fault": spec.describe(), "replaced": replaced},
+    emit(args, {"link": spec.link.name, "fault": spec.describe(), "replaced": replaced},
          lambda d: f"{'changed' if replaced else 'set'} {d['fault']}")
     return 0
 

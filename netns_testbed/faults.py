@@ -25,42 +25,71 @@ import ipaddress
 import math
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from enum import Enum
 
 from flowpulse.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed.state import Testbed
-from netns_testbed.topo import Fabric, node_kind
+from netns_testbed.topo import Fabric, Link, node_kind
 
-KINDS = ("drop", "corrupt", "blackhole", "partial")
+class FaultKind(str, Enum):
+    """What a fault does to the packets it selects (a ``str`` enum: equal to its name)."""
+
+    DROP = "drop"            # drop a share of packets
+    CORRUPT = "corrupt"      # damage the IPv4 header of a share (dropped downstream)
+    BLACKHOLE = "blackhole"  # drop every packet
+    PARTIAL = "partial"      # drop every packet of a share of the flows
+
+    def __str__(self) -> str:
+        return self.value
+
+
+KINDS = tuple(k.value for k in FaultKind)
 BACKENDS = ("bpf", "netem")
 
 
 @dataclass(frozen=True)
-class FaultSpec:
-    """One fault on one directed link."""
+class Endpoint:
+    """A fault's ``src=`` or ``dst=``: as written (a host, a leaf or a CIDR) and as the network it is."""
 
-    link: str
-    kind: str
+    text: str
+    network: ipaddress.IPv4Network
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "network": str(self.network)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Endpoint":
+        return cls(d["text"], ipaddress.IPv4Network(d["network"]))
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault on one directed link, parsed once (:func:`parse_fault`) and passed on as is: the
+    CLI, the experiment spec, ``apply``/``clear``/``listing`` and the state file share it."""
+
+    link: Link
+    kind: FaultKind
     rate: float = 1.0
-    src: str | None = None   # node name or CIDR: only packets from there
-    dst: str | None = None
+    src: Endpoint | None = None   # only packets from there
+    dst: Endpoint | None = None
     flows: float = 1.0       # fraction of flows (by hash) affected
     flap_on_s: float = 0.0   # flapping: on for this long ...
     flap_off_s: float = 0.0  # ... then off for this long
 
     def describe(self) -> str:
-        text = f"{self.link}:{self.kind}"
-        if self.kind in ("drop", "corrupt"):
+        text = f"{self.link.name}:{self.kind}"
+        if self.kind in (FaultKind.DROP, FaultKind.CORRUPT):
             text += f"={self.rate:g}"
-        elif self.kind == "partial":
+        elif self.kind is FaultKind.PARTIAL:
             text += f"={self.flows:g}"
         mods = []
         if self.src:
-            mods.append(f"src={self.src}")
+            mods.append(f"src={self.src.text}")
         if self.dst:
-            mods.append(f"dst={self.dst}")
-        if self.kind != "partial" and self.flows < 1.0:
+            mods.append(f"dst={self.dst.text}")
+        if self.kind is not FaultKind.PARTIAL and self.flows < 1.0:
             mods.append(f"flows={self.flows:g}")
         if self.flap_on_s:
             mods.append(f"flap={self.flap_on_s:g}/{self.flap_off_s:g}")
@@ -69,10 +98,20 @@ class FaultSpec:
     @property
     def effective_rate(self) -> float:
         """Probability that a packet on the link is hit (over selected traffic)."""
-        return 1.0 if self.kind in ("blackhole", "partial") else self.rate
+        return 1.0 if self.kind in (FaultKind.BLACKHOLE, FaultKind.PARTIAL) else self.rate
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """JSON form (state file, reports): the link by name, endpoints with their resolved networks."""
+        return {"link": self.link.name, "kind": self.kind.value, "rate": self.rate,
+                "src": self.src.to_dict() if self.src else None, "dst": self.dst.to_dict() if self.dst else None,
+                "flows": self.flows, "flap_on_s": self.flap_on_s, "flap_off_s": self.flap_off_s}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FaultSpec":
+        a, _, b = d["link"].partition("->")
+        ends = {k: Endpoint.from_dict(d[k]) if d.get(k) else None for k in ("src", "dst")}
+        return cls(Link(a, b), FaultKind(d["kind"]), float(d["rate"]), ends["src"], ends["dst"], float(d["flows"]),
+                   float(d["flap_on_s"]), float(d["flap_off_s"]))
 
 
 def _rate(text: str, what: str) -> float:
@@ -85,17 +124,17 @@ def _rate(text: str, what: str) -> float:
     return v
 
 
-def _endpoint(fabric: Fabric, text: str) -> str:
-    """A node name (host -> /32, leaf -> its host /16) or a CIDR, as a CIDR string."""
+def _endpoint(fabric: Fabric, text: str) -> Endpoint:
+    """A node name (host -> /32, leaf -> its host /16) or a CIDR."""
     if fabric.has_node(text):
         kind = node_kind(text)
         if kind == "h":
-            return f"{fabric.host_ip(text)}/32"
+            return Endpoint(text, ipaddress.IPv4Network(f"{fabric.host_ip(text)}/32"))
         if kind == "leaf":
-            return str(Fabric.leaf_subnet(text))
+            return Endpoint(text, Fabric.leaf_subnet(text))
         raise SpecError(f"bad endpoint {text!r}: use a host, a leaf or a CIDR (spines send no traffic)")
     try:
-        return str(ipaddress.IPv4Network(text, strict=False))
+        return Endpoint(text, ipaddress.IPv4Network(text, strict=False))
     except ValueError:
         raise SpecError(f"bad endpoint {text!r}: use a host (h3), a leaf (leaf1) or a CIDR (10.2.0.0/16)") from None
 
@@ -107,16 +146,17 @@ def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
         raise SpecError(f"bad fault {text!r}: write LINK:KIND[=RATE], e.g. leaf1->spine2:drop=0.01")
     link = fabric.parse_link(link_text)
     head, *mods = rest.split(",")
-    kind, _, value = head.partition("=")
-    kind = kind.strip()
-    if kind not in KINDS:
-        raise SpecError(f"unknown fault kind {kind!r} in {text!r}: choose one of {', '.join(KINDS)}")
-    args: dict = {"link": link.name, "kind": kind}
-    if kind in ("drop", "corrupt"):
+    kind_text, _, value = head.partition("=")
+    try:
+        kind = FaultKind(kind_text.strip())
+    except ValueError:
+        raise SpecError(f"unknown fault kind {kind_text.strip()!r} in {text!r}: choose one of {', '.join(KINDS)}") from None
+    args: dict = {"link": link, "kind": kind}
+    if kind in (FaultKind.DROP, FaultKind.CORRUPT):
         if not value:
             raise SpecError(f"fault {text!r} needs a rate: {kind}=P with P in [0, 1]")
         args["rate"] = _rate(value, f"{kind} rate")
-    elif kind == "partial":
+    elif kind is FaultKind.PARTIAL:
         args["flows"] = _rate(value or "0.5", "partial flow fraction")
     elif value:
         raise SpecError(f"fault kind {kind} takes no rate (got {value!r}); use drop=P for a rate")
@@ -126,8 +166,7 @@ def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
         if key in ("src", "dst"):
             if not val:
                 raise SpecError(f"{key}= needs a host, leaf or CIDR in fault {text!r}")
-            args[key] = val.strip()
-            _endpoint(fabric, val.strip())
+            args[key] = _endpoint(fabric, val.strip())
         elif key == "flows":
             args["flows"] = _rate(val, "flow fraction")
         elif key == "flap":
@@ -143,12 +182,12 @@ def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
     return FaultSpec(**args)
 
 
-def _struct(fabric: Fabric, spec: FaultSpec) -> dp.Fault:
-    kind = "blackhole" if spec.kind == "partial" else spec.kind
+def _struct(spec: FaultSpec) -> dp.Fault:
+    kind = "blackhole" if spec.kind is FaultKind.PARTIAL else spec.kind.value
     period = spec.flap_on_s + spec.flap_off_s
     return dp.fault_struct(kind, spec.effective_rate,
-                           src=_endpoint(fabric, spec.src) if spec.src else None,
-                           dst=_endpoint(fabric, spec.dst) if spec.dst else None,
+                           src=str(spec.src.network) if spec.src else None,
+                           dst=str(spec.dst.network) if spec.dst else None,
                            flow_frac=spec.flows, period_s=period, on_s=spec.flap_on_s)
 
 
@@ -162,7 +201,7 @@ def _netem_argv(tb: Testbed, link, action: str, rate: float | None = None) -> li
 
 
 def _apply_netem(tb: Testbed, link, spec: FaultSpec) -> None:
-    if spec.kind not in ("drop", "blackhole") or spec.src or spec.dst or spec.flows < 1.0 or spec.flap_on_s:
+    if spec.kind not in (FaultKind.DROP, FaultKind.BLACKHOLE) or spec.src or spec.dst or spec.flows < 1.0 or spec.flap_on_s:
         raise SpecError(f"netem backend does plain drop/blackhole only, not {spec.describe()!r}: use --backend bpf")
     r = subprocess.run(_netem_argv(tb, link, "replace", spec.effective_rate), capture_output=True, text=True)
     if r.returncode != 0:
@@ -176,7 +215,9 @@ def apply(tb: Testbed, spec: FaultSpec, backend: str = "bpf") -> bool:
     """Set (or change) the fault on its link; returns True if it replaced one."""
     if backend not in BACKENDS:
         raise SpecError(f"unknown fault backend {backend!r}: choose bpf or netem")
-    link = tb.fabric.parse_link(spec.link)
+    link = spec.link
+    if link not in tb.fabric.links():
+        raise SpecError(f"no link {link.name} in testbed {tb.prefix!r}: the fault was parsed for another fabric")
     site = tb.fabric.fault_site(link)
     with tb.locked():
         old = tb.state.faults.get(link.name)
@@ -187,7 +228,7 @@ def apply(tb: Testbed, spec: FaultSpec, backend: str = "bpf") -> bool:
         else:
             m = tb.maps(site.switch)
             try:
-                m.set_fault(site.port, site.hook, _struct(tb.fabric, spec))
+                m.set_fault(site.port, site.hook, _struct(spec))
             finally:
                 m.close()
         replaced = link.name in tb.state.faults
@@ -229,7 +270,7 @@ def listing(tb: Testbed) -> list[dict]:
             st = m.fault_stats(site.port, site.hook)
         finally:
             m.close()
-        spec = FaultSpec(**{k: v for k, v in rec.items() if k not in ("since", "backend")})
+        spec = FaultSpec.from_dict(rec)
         netem = rec.get("backend") == "netem"
         out.append({"link": name, "fault": spec.describe(), "kind": spec.kind, "rate": spec.effective_rate,
                     "since": rec.get("since"), "backend": rec.get("backend", "bpf"),

@@ -1,11 +1,13 @@
 """The fabric model and the spec parsers: pure data, no root needed."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flowpulse.errors import SpecError
 from netns_testbed.datapath import smooth_wrr
-from netns_testbed.faults import parse_fault
+from netns_testbed.faults import FaultKind, FaultSpec, parse_fault
 from netns_testbed.topo import Fabric, FabricSpec, Link, check_prefix, parse_namespace
 
 
@@ -94,9 +96,12 @@ def test_prefix_and_namespace_names():
 
 def test_fault_parsing(fab):
     f = parse_fault(fab, "leaf1->spine2:drop=0.01")
-    assert (f.link, f.kind, f.rate) == ("leaf1->spine2", "drop", 0.01)
+    assert (f.link, f.kind, f.rate) == (Link("leaf1", "spine2"), FaultKind.DROP, 0.01)
     f = parse_fault(fab, "leaf1->spine2:drop=0.02,src=h1,dst=h6,flap=1/2")
-    assert (f.src, f.dst, f.flap_on_s, f.flap_off_s) == ("h1", "h6", 1.0, 2.0)
+    assert (f.src.text, f.dst.text, f.flap_on_s, f.flap_off_s) == ("h1", "h6", 1.0, 2.0)
+    assert (str(f.src.network), str(f.dst.network)) == (f"{fab.host_ip('h1')}/32", f"{fab.host_ip('h6')}/32")
+    assert str(parse_fault(fab, "leaf1->spine2:drop=0.1,src=leaf0,dst=10.3.0.0/16").src.network) == "10.1.0.0/16"
+    assert FaultSpec.from_dict(json.loads(json.dumps(f.to_dict()))) == f   # the state file's round trip
     assert parse_fault(fab, "leaf0->spine1:partial=0.25").flows == 0.25
     assert parse_fault(fab, "h2->leaf1:blackhole").effective_rate == 1.0
     assert parse_fault(fab, f.describe()) == f
