@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --alerts /var/log/flowpulse/alerts.jsonl\n"
                "With --site the agent runs on any Linux machine that forwards the fabric's traffic: it\n"
                "attaches a counting-only program to the site's interfaces (no spraying, no faults), reads\n"
-               "nothing of a testbed, and detaches on exit (SIGTERM, SIGINT). See agent/site.py for the file.\n"
+               "nothing of a testbed, and detaches on exit (SIGTERM: exit 143, SIGINT: 130). See agent/site.py.\n"
                "Send SIGHUP to accept the fabric's current state (e.g. a link taken out of service): the\n"
                "detectors then relearn. Each switch's detector uses only its own counters; a leaf's alert\n"
                "that points at two links is settled by the verdict of the other link's owner (exported by\n"
@@ -186,7 +186,11 @@ def run_site_agent(args: argparse.Namespace, site, cfg, sink) -> int:
         from agent.netlink import NetlinkReader
 
         reader = NetlinkReader(site.switch, ifindexes, site.fabric.spec.leaves + 2, site.gap_ms)
-        agent = SwitchAgent(site.deployment(), site.switch, opts, reader, sinks=[sink])
+        try:
+            agent = SwitchAgent(site.deployment(), site.switch, opts, reader, sinks=[sink])
+        except BaseException:
+            reader.close()
+            raise
         return serve_agents(args, [agent], sink, where, piddir=None)
     program = CountingProgram(site)
     try:
@@ -204,10 +208,10 @@ def run_site_agent(args: argparse.Namespace, site, cfg, sink) -> int:
 
 
 def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Path | None) -> int:
-    """Run built agents until --duration, SIGINT or SIGTERM; close everything they opened."""
-    import signal
-
+    """Run built agents until --duration, SIGINT or SIGTERM; close everything they opened. Exit 0 at the
+    end of --duration, 143 after SIGTERM and 130 after SIGINT (each once everything is closed)."""
     import contextlib
+    import signal
 
     from agent.daemon import JsonLinesSink, make_tracker, run_agents
 
@@ -219,7 +223,14 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         pidfile = piddir / f"agent-{os.getpid()}.pid"
         pidfile.write_text(f"{os.getpid()} {' '.join(a.switch for a in agents)}\n")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopped_by: list[int] = []
+
+    def on_term(signum, frame) -> None:
+        stopped_by.append(128 + signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    code = 0
     try:
         if args.metrics_port is not None:
             from agent.metrics import serve
@@ -241,10 +252,10 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
             run_agents(agents, stop, agents[0].opts.poll_s, on_tick=screen.update if args.live else None,
                        tick_s=0.5, tracker=tracker, incident_sinks=[inc_sink])
     except KeyboardInterrupt:
-        pass
+        code = 130
     except RuntimeError as e:  # maps gone: the testbed went down under us
         print(f"flowpulse: agent stopped: {e}", file=sys.stderr)
-        return 4
+        code = 4
     finally:
         stop.set()
         for a in agents:
@@ -253,4 +264,4 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         inc_sink.close()
         if pidfile is not None:
             pidfile.unlink(missing_ok=True)
-    return 0
+    return stopped_by[0] if stopped_by and code == 0 else code
