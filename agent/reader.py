@@ -41,7 +41,7 @@ class PulseReader:
     ``open_maps`` returns the switch's counter maps: anything with ``counters()`` (an int64 array
     [port, dir, src, kind, (pkts, bytes)]), ``pulse_state()`` (id, last packet ns, start ns),
     ``identity()`` (changes when the maps are replaced, e.g. by a reload; None if they cannot be)
-    and ``close()``: the testbed's pinned maps (:func:`testbed_maps`) or the counting program a
+    and ``close()``: the testbed's pinned maps (:func:`testbed_reader`) or the counting program a
     site agent loaded itself (``agent.counting``).
     """
 
