@@ -25,7 +25,6 @@ from agent.site import Site
 from flowpulse.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed.bpfmaps import PinnedArray
-from netns_testbed.contract import static_asserts
 
 log = logging.getLogger("flowpulse.agent.counting")
 SRC = dp.BPF_DIR / "count.c"
@@ -34,18 +33,19 @@ PROGRAMS = ("fp_count_in", "fp_count_out")
 PARENTS = {"fp_count_in": "ffff:fff2", "fp_count_out": "ffff:fff3"}   # clsact ingress, egress
 
 
-def nsrc(site: Site) -> int:
-    return site.fabric.spec.leaves + 2
+def shape(site: Site) -> dp.SwitchShape:
+    """The counters' shape: the testbed switch's, for the site's ports (no spraying, so no uplinks)."""
+    return dp.SwitchShape(len(site.ifnames), site.fabric.spec.leaves, False, 0, 0)
 
 
 def cflags(site: Site) -> list[str]:
-    return [f"-I{dp.BPF_DIR}", f"-DNPORTS={len(site.ifnames)}", f"-DNSRC={nsrc(site)}"]
+    sh = shape(site)
+    return [f"-I{dp.BPF_DIR}", f"-DNPORTS={sh.nports}", f"-DNSRC={sh.nsrc}"]
 
 
 def program_text(site: Site) -> str:
-    ncounters = len(site.ifnames) * 2 * nsrc(site) * dp.NKIND
-    return SRC.read_text() + "\n" + static_asserts(
-        dp.C_STRUCTS, {**dp.C_CONSTANTS, "NSRC": nsrc(site), "NPORTS * 2 * NSRC * FP_NKIND": ncounters})
+    """count.c and the same contract assertions the switch program compiles with."""
+    return SRC.read_text() + "\n" + dp.contract_asserts(shape(site))
 
 
 def local_ifindexes(site: Site) -> list[int]:
@@ -65,10 +65,10 @@ class CountMaps(dp.CounterMaps):
     """The loaded program's counter and pulse maps, read through copies of its descriptors."""
 
     def __init__(self, bpf_obj, site: Site) -> None:
-        self.nports, self.nsrc = len(site.ifnames), nsrc(site)
-        ncounters = self.nports * 2 * self.nsrc * dp.NKIND
+        sh = shape(site)
+        self.nports, self.nsrc = sh.nports, sh.nsrc
         self.maps = {
-            "counters": PinnedArray("counters", dp.Counter, ncounters, percpu=True, fd=bpf_obj[b"counters"].map_fd),
+            "counters": PinnedArray("counters", dp.Counter, sh.ncounters, percpu=True, fd=bpf_obj[b"counters"].map_fd),
             "pulse": PinnedArray("pulse", dp.U64, 2, fd=bpf_obj[b"pulse"].map_fd),
         }
 
@@ -79,10 +79,10 @@ class CountMaps(dp.CounterMaps):
 class CountingProgram:
     """Compile, fill, attach; then hand out readers; detach on close."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: Site, ifindexes: list[int]) -> None:
         self.site = site
         self.bpf = None
-        self.ifindexes = local_ifindexes(site)
+        self.ifindexes = ifindexes      # local_ifindexes(site), resolved once by the caller
         self.attached: list[tuple[int, str]] = []   # (ifindex, parent)
         self.own_qdisc: set[int] = set()
 

@@ -150,16 +150,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
     check_agent_args(args)
     cfg = detector_config(args)          # the detector's settings too (--fa-per-day, --pulse-hz)
     site = load_site_args(args) if args.site else None
+    ifindexes = None
     if site is not None:
         from agent.counting import local_ifindexes
 
-        local_ifindexes(site)        # every interface exists here, before anything is built or written
+        ifindexes = local_ifindexes(site)   # every interface exists here, before anything is built or written
     require_root()
     if args.metrics_port is not None:
         check_port_free(args.metrics_addr, args.metrics_port)
     sink = JsonLinesSink(args.alerts, stdout=args.json)
     if site is not None:
-        return run_site_agent(args, site, cfg, sink)
+        return run_site_agent(args, site, ifindexes, cfg, sink)
     from netns_testbed.state import Testbed
 
     tb = Testbed.load(args.prefix)
@@ -171,14 +172,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return serve_agents(args, agents, sink, f"testbed {tb.prefix} (spray {tb.state.spray})", piddir=tb.dir / "pids")
 
 
-def run_site_agent(args: argparse.Namespace, site, cfg, sink) -> int:
+def run_site_agent(args: argparse.Namespace, site, ifindexes: list[int], cfg, sink) -> int:
     """The agent of the one switch a site file describes, on this machine's interfaces."""
-    from agent.counting import CountingProgram, local_ifindexes
+    from agent.counting import CountingProgram
     from agent.daemon import AgentOptions, SwitchAgent
     from agent.reader import PulseReader
     from agent.site import CounterSource
 
-    ifindexes = local_ifindexes(site)
     opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
                         export_verdicts=True)
     where = f"site {args.site} ({len(site.ifnames)} ports: {', '.join(site.ifnames)}; {site.counters} counters)"
@@ -192,7 +192,7 @@ def run_site_agent(args: argparse.Namespace, site, cfg, sink) -> int:
             reader.close()
             raise
         return serve_agents(args, [agent], sink, where, piddir=None)
-    program = CountingProgram(site)
+    program = CountingProgram(site, ifindexes)
     try:
         program.load()
         program.attach()
