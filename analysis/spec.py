@@ -94,9 +94,7 @@ class ExperimentSpec:
             if sf.at_t is not None and sf.at_t >= self.job.deadline:
                 raise SpecError(f"fault {sf.text!r} starts at t={sf.at_t:g} s, after the job's deadline "
                                 f"({self.job.deadline:.0f} s)")
-        n = self.job.ranks or len(fabric.hosts)
-        if not 2 <= n <= len(fabric.hosts):
-            raise SpecError(f"bad rank count {n}: this fabric has {len(fabric.hosts)} hosts")
+        self.job.validate(fabric)
         self.detector = self.detector.validate()
         return self
 

@@ -24,6 +24,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     (["--fault", "leaf1->spine2:drop=0.01", "--out-of-service", "leaf1<->spine2"], "out of service"),
     (["--leaves", "0"], "bad leaves"),
     (["--ranks", "99"], "bad rank count"),
+    (["--size", "1"], "bad size 1"),            # the job's own checks, made before the fabric is built
+    (["--iterations", "0"], "bad iterations 0"),
+    (["--idle-ms", "70000"], "bad idle 70000"),
 ])
 def test_bad_flags(tmp_path, flags, word):
     r = cli("experiment", "--out", str(tmp_path / "run"), "--prefix", "tspec", *flags)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from flowpulse.errors import EnvironmentProblem, SpecError
+from netns_testbed.topo import Fabric
 from netns_testbed.nsutil import kill_pids, netns_argv
 from netns_testbed.state import Testbed
 from workload.rank import WORKLOADS
@@ -43,14 +44,15 @@ class JobSpec:
     seed: int = 0
     port: int = 29500
 
-    def validate(self, tb: Testbed) -> None:
+    def validate(self, fabric: Fabric) -> None:
+        """Every check that needs only the fabric's model: run before anything is built."""
         if self.workload not in WORKLOADS:
             raise SpecError(f"unknown workload {self.workload!r}: choose one of {', '.join(WORKLOADS)}")
         if self.placement not in PLACEMENTS:
             raise SpecError(f"unknown placement {self.placement!r}: choose interleaved or contiguous")
-        n = self.ranks or len(tb.fabric.hosts)
-        if not 2 <= n <= len(tb.fabric.hosts):
-            raise SpecError(f"bad rank count {n}: this fabric has {len(tb.fabric.hosts)} hosts (need 2..that)")
+        n = self.ranks or len(fabric.hosts)
+        if not 2 <= n <= len(fabric.hosts):
+            raise SpecError(f"bad rank count {n}: this fabric has {len(fabric.hosts)} hosts (need 2..that)")
         if not 4 <= self.size <= 1 << 31:
             raise SpecError(f"bad size {self.size}: must be 4 bytes .. 2 GiB")
         if not 1 <= self.iterations <= 100_000:
@@ -105,7 +107,7 @@ def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
             progress: Callable[[str], None] | None = None,
             on_start: Callable[[list[subprocess.Popen]], None] | None = None) -> JobResult:
     """Run the job to completion (or failure); always leaves no rank behind."""
-    spec.validate(tb)
+    spec.validate(tb.fabric)
     check_torch()
     say = progress or log.info
     n = spec.ranks or len(tb.fabric.hosts)
