@@ -69,6 +69,7 @@ class CountMaps(dp.CounterMaps):
         self.nports, self.nsrc = sh.nports, sh.nsrc
         self.maps = {
             "counters": PinnedArray("counters", dp.Counter, sh.ncounters, percpu=True, fd=bpf_obj[b"counters"].map_fd),
+            "dup": PinnedArray("dup", dp.Counter, sh.nports * 2, percpu=True, fd=bpf_obj[b"dup"].map_fd),
             "pulse": PinnedArray("pulse", dp.U64, 2, fd=bpf_obj[b"pulse"].map_fd),
         }
 

@@ -12,12 +12,15 @@ in the order the pulses ended, across switches::
 
     {"switch": "leaf2", "pulse": 17, "start_time": 1796060749.58, "end_time": 1796060749.90,
      "ip": [[[other, from leaf0, ..., from leaf L-1, non-IP] x (in, out)] x ports],
-     "bad": [[in, out] x ports], "data": (optional, like ip: TCP segments with payload)}
+     "bad": [[in, out] x ports], "data": (optional, like ip: TCP segments with payload),
+     "dup": (optional, [[[segments, bytes] x (in, out)] x ports]: TCP segments carrying a D-SACK)}
 
 ``ip[port][dir][src]``: IPv4 packets with a good header on the port (ports in the fabric model's order:
 a leaf's uplinks spine0..S-1 then its hosts; a spine's leaves), ``dir`` 0 in, 1 out, ``src`` 0 for
 other sources, ``1 + a`` for packets from leaf ``a``'s subnet and ``L + 1`` for non-IP.
-``bad[port][dir]``: IPv4 packets with a broken header. This is exactly what ``--record`` writes per
+``bad[port][dir]``: IPv4 packets with a broken header. ``dup[port][dir]``: TCP segments that carry a
+D-SACK block and the sequence bytes those blocks report (on a leaf's port from a host: what the host
+received twice; the host test takes them off). This is exactly what ``--record`` writes per
 switch (``pulses-<switch>.jsonl``), so ``flowpulse replay RUN --as-feed`` turns a recorded run into a
 feed. Blank lines are skipped; anything else that does not parse stops the feed with its line number.
 """
@@ -102,7 +105,8 @@ def parse_pulse(text: str, lineno: int, fabric: Fabric) -> PulseCounts:
     ip = _counts(d, "ip", (nports, 2, nsrc), where)
     bad = _counts(d, "bad", (nports, 2), where)
     data = _counts(d, "data", (nports, 2, nsrc), where) if d.get("data") is not None else None
-    return PulseCounts(sw, pulse, ip, bad, start_time=float(times[0]), end_time=float(times[1]), data=data,
+    dup = _counts(d, "dup", (nports, 2, 2), where) if d.get("dup") is not None else None
+    return PulseCounts(sw, pulse, ip, bad, start_time=float(times[0]), end_time=float(times[1]), data=data, dup=dup,
                        merged=int(d.get("merged", 1)) if isinstance(d.get("merged", 1), int) else 1)
 
 

@@ -21,6 +21,9 @@ class PulseCounts:
     ``bad[port, dir]``: IPv4 packets with a broken header (corrupted on the wire).
     ``data[port, dir, src]``: of ``ip``, the TCP packets that carry payload (None when the
     source cannot tell): the spine's balance test uses them, ACK storms do not count.
+    ``dup[port, dir, (segments, bytes)]``: TCP segments carrying a D-SACK block and the sequence
+    bytes those blocks report (None when the source cannot tell): on a leaf's port from host N,
+    what host N says it received twice (spurious retransmissions; the host test takes them off).
     """
 
     switch: str
@@ -34,6 +37,7 @@ class PulseCounts:
     merged: int = 1                      # kernel pulses folded into this one (late reader)
     meta: dict = field(default_factory=dict)
     data: np.ndarray | None = None
+    dup: np.ndarray | None = None
 
     @property
     def total(self) -> int:
@@ -47,7 +51,8 @@ class PulseCounts:
         return {"switch": self.switch, "pulse": self.pulse, "start_ns": self.start_ns, "end_ns": self.end_ns,
                 "start_time": self.start_time, "end_time": self.end_time, "merged": self.merged,
                 "ip": self.ip.tolist(), "bad": self.bad.tolist(), **({"meta": self.meta} if self.meta else {}),
-                **({"data": self.data.tolist()} if self.data is not None else {})}
+                **({"data": self.data.tolist()} if self.data is not None else {}),
+                **({"dup": self.dup.tolist()} if self.dup is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PulseCounts":
@@ -55,7 +60,8 @@ class PulseCounts:
                    bad=np.asarray(d["bad"], dtype=np.int64), start_ns=d.get("start_ns", 0), end_ns=d.get("end_ns", 0),
                    start_time=d.get("start_time", 0.0), end_time=d.get("end_time", 0.0), merged=d.get("merged", 1),
                    meta={**d.get("meta", {}), **({"scores": d["scores"]} if "scores" in d else {})},
-                   data=np.asarray(d["data"], dtype=np.int64) if d.get("data") is not None else None)
+                   data=np.asarray(d["data"], dtype=np.int64) if d.get("data") is not None else None,
+                   dup=np.asarray(d["dup"], dtype=np.int64) if d.get("dup") is not None else None)
 
 
 def merge(parts: list[PulseCounts]) -> PulseCounts:
@@ -64,10 +70,12 @@ def merge(parts: list[PulseCounts]) -> PulseCounts:
         return parts[0]
     first, last = parts[0], parts[-1]
     data = None if any(p.data is None for p in parts) else sum(p.data for p in parts)
+    dup = None if any(p.dup is None for p in parts) else sum(p.dup for p in parts)
     meta = {**first.meta, "fragments": [p.pulse for p in parts]}
     return PulseCounts(last.switch, last.pulse, sum(p.ip for p in parts), sum(p.bad for p in parts),
                        start_ns=first.start_ns, end_ns=last.end_ns, start_time=first.start_time,
-                       end_time=last.end_time, merged=sum(p.merged for p in parts), meta=meta, data=data)
+                       end_time=last.end_time, merged=sum(p.merged for p in parts), meta=meta, data=data,
+                       dup=dup)
 
 
 class PulseAssembler:

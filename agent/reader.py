@@ -52,6 +52,7 @@ class PulseReader:
         self.maps = None
         self._pin_ino = None
         self.snap: np.ndarray | None = None
+        self.snap_dup: np.ndarray | None = None
         self.snap_pid = 0
         self.resyncs = 0
         self.reads = 0
@@ -88,26 +89,27 @@ class PulseReader:
         if time.monotonic_ns() - last_ns < self.gap_ns and (pid != 0 or last_ns != 0):
             return None  # mid-pulse: wait for the idle gap (id 0 and time 0: no packet yet)
         counters = self.maps.counters()
+        dups = self.maps.dups()
         self.reads += 1
         if self.maps.pulse_state()[:2] != (pid, last_ns):
             return None  # a packet arrived while copying: try again at the next poll
-        if self.snap is None or self.snap.shape != counters.shape:
-            self.snap, self.snap_pid = counters, pid
+        if self.snap is None or self.snap.shape != counters.shape or self.snap_dup.shape != dups.shape:
+            self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
             return None
-        delta = counters - self.snap
-        if (delta < 0).any():
+        delta, dup = counters - self.snap, dups - self.snap_dup
+        if (delta < 0).any() or (dup < 0).any():
             log.warning("%s: counters went backwards (reset): resynchronising", self.switch)
             self.resyncs += 1
-            self.snap, self.snap_pid = counters, pid
+            self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
             return None
         merged = (pid - self.snap_pid) % PULSE_ID_MOD   # the kernel's id wraps (24 bits beside the time)
-        self.snap, self.snap_pid = counters, pid
+        self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
         pkts = delta[..., 0]
         ip = pkts[:, :, :, IP_KINDS].sum(axis=3)
         bad = pkts[:, :, :, BAD_KIND].sum(axis=2)
         return PulseCounts(self.switch, pid, ip, bad, start_ns=start_ns, end_ns=last_ns,
                            start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged,
-                           data=pkts[:, :, :, DATA_KIND].copy())
+                           data=pkts[:, :, :, DATA_KIND].copy(), dup=dup)
 
 
 def testbed_reader(tb, switch: str) -> PulseReader:

@@ -42,7 +42,7 @@ PULSE_UNIT_SHIFT = 20
 PULSE_UNIT_NS = 1 << PULSE_UNIT_SHIFT
 HOOKS = {"ingress": 0, "egress": 1}
 MAX_PREFIXES = 1024
-PIN_NAMES = ("counters", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
+PIN_NAMES = ("counters", "dup", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
              "faults", "fault_stats", "spray_stats")
 
 
@@ -135,6 +135,7 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
     """Value type, size and per-CPU flag of each pinned array (mirrors switch.c)."""
     return {
         "counters": (Counter, shape.ncounters, True),
+        "dup": (Counter, shape.nports * 2, True),
         "port_ifindex": (U32, shape.nports, False),
         "config": (Config, 1, False),
         "pulse": (U64, 2, False),
@@ -247,8 +248,8 @@ def pin_maps(bpf_obj, directory: Path) -> None:
 class CounterMaps:
     """Reading the counters and the pulse clock that every FlowPulse program keeps (bpf/packet.h).
 
-    Subclasses open ``self.maps`` (name -> PinnedArray) with at least ``counters`` and ``pulse``,
-    and set ``self.nports`` and ``self.nsrc``.
+    Subclasses open ``self.maps`` (name -> PinnedArray) with at least ``counters``, ``dup`` and
+    ``pulse``, and set ``self.nports`` and ``self.nsrc``.
     """
 
     maps: dict[str, PinnedArray]
@@ -264,6 +265,12 @@ class CounterMaps:
         vals = self.maps["counters"].get_all()
         arr = np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64)
         return arr.reshape(self.nports, 2, self.nsrc, NKIND, 2)
+
+    def dups(self) -> np.ndarray:
+        """Cumulative D-SACK counters as an int64 array [port, dir, (segments carrying one, bytes
+        they report)]: what the hosts behind a port say they received twice (bpf/packet.h)."""
+        vals = self.maps["dup"].get_all()
+        return np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64).reshape(self.nports, 2, 2)
 
     def pulse_state(self) -> tuple[int, int, int]:
         """(pulse id, last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""

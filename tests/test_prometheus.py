@@ -157,7 +157,9 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
 
     assert PROMETHEUS, "prometheus missing: scripts/setup.sh installs Debian's prometheus package"
     tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=2)
-    agents = [SwitchAgent.on_testbed(tb, sw, AgentOptions(cfg=DetectorConfig(), persist=False, export_verdicts=True))
+    # every switch's pulses are recorded (tmp_path/pulses): a wrong verdict can be replayed
+    agents = [SwitchAgent.on_testbed(tb, sw, AgentOptions(cfg=DetectorConfig(), persist=False, export_verdicts=True,
+                                                          record=tmp_path / "pulses"))
               for sw in tb.fabric.switches]
     base = 19500 + (hash(tb.prefix) % 200) * 2
     ports = []
@@ -191,7 +193,9 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         assert firing, ([(t.reporter, e["event"], e["incident_id"], e["how"], e["evidence"]) for t in trackers
                           for e in t.history], (tmp_path / "prometheus.log").read_text()[-1000:])
         # the leaf's ambiguous alert was settled by spine1's verdict, read from the file its agent exports
-        assert {a["labels"]["link"] for a in firing} == {"leaf0->spine1"}, firing
+        assert {a["labels"]["link"] for a in firing} == {"leaf0->spine1"}, (
+            firing, [(t.reporter, e["event"], e["how"], e["evidence"]) for t in trackers for e in t.history],
+            tmp_path / "pulses")
         # Alertmanager with the shipped routes: the fault pages once (group_wait is 10 s; wait it out
         # twice over to see whether a second notification follows)
         deadline = time.time() + 30

@@ -22,6 +22,7 @@
 #include "switch.h"
 
 BPF_PERCPU_ARRAY(counters, struct fp_counter, NPORTS * 2 * NSRC * FP_NKIND);
+BPF_PERCPU_ARRAY(dup, struct fp_counter, NPORTS * 2);   // [port * 2 + dir]: segments carrying a D-SACK, bytes it reports
 BPF_HASH(ifindex_port, u32, u32, 256);             // this machine's ifindex -> port
 BPF_ARRAY(config, struct fp_config, 1);            // only gap_units is used
 BPF_ARRAY(pulse, u64, 2);                          // [0] packed id/last time, [1] start ns
@@ -58,6 +59,14 @@ static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, stru
     if (c) {
         c->pkts += 1;
         c->bytes += skb->len;
+    }
+    if (pi->dsack) {
+        u32 di = port * 2 + dir;
+        struct fp_counter *d = dup.lookup(&di);
+        if (d) {
+            d->pkts += 1;
+            d->bytes += pi->dsack;
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 // (the agent's counting-only program for any Linux box), so the two count alike.
 //
 // The including program first defines NPORTS and NSRC (-D flags), the maps
-// `counters` (per-CPU fp_counter, NPORTS * 2 * NSRC * FP_NKIND) and `pulse`
-// (u64 [2]), and two functions of an IPv4 address in network byte order:
+// `counters` (per-CPU fp_counter, NPORTS * 2 * NSRC * FP_NKIND), `dup` (per-CPU
+// fp_counter, NPORTS * 2) and `pulse` (u64 [2]), and two functions of an IPv4 address in network byte order:
 //   fp_source_class(addr): 1..NSRC-2 = source leaf + 1, 0 = other IPv4
 //   fp_dest_class(addr):   destination leaf + 1, 0 = none (only switch.c sprays by it)
 #ifndef FLOWPULSE_PACKET_H
@@ -17,8 +17,60 @@ struct pkt_info {
     u32 ports;      // TCP/UDP source << 16 | destination port, 0 if none
     u32 saddr, daddr;
     u8 proto;
+    u32 dsack;      // sequence bytes a D-SACK block in this TCP segment reports (RFC 2883), 0 if none
     struct iphdr *iph;
 };
+
+// A TCP receiver that gets bytes it already has (a spurious retransmission: the
+// first copy was reordered or late, not lost) says so with a D-SACK: the first
+// SACK block of its ACK lies below the cumulative ACK, or inside the second
+// block (RFC 2883). A leaf counts the duplicates towards a host as packets sent
+// to it twice, like the retransmissions after a loss on its link to the host;
+// the D-SACKs coming back from the host tell the two apart. Returns the bytes
+// the block reports, 0 without one. Options are walked at most FP_TCP_OPT_STEPS
+// steps (a Linux ACK: NOP NOP TS NOP NOP SACK).
+#define FP_TCP_OPT_STEPS 10
+static __always_inline u32 be32_at(u8 *p) {
+    return ((u32)p[0] << 24) | ((u32)p[1] << 16) | ((u32)p[2] << 8) | (u32)p[3];
+}
+
+static __always_inline u32 dsack_bytes(struct tcphdr *th, void *data_end) {
+    u8 *p = (u8 *)(th + 1);
+    u8 *end = (u8 *)th + th->doff * 4;
+#pragma unroll
+    for (int n = 0; n < FP_TCP_OPT_STEPS; n++) {
+        // each read is checked against data_end itself: the verifier does not carry `end`'s bound over
+        if (p + 2 > end || (void *)(p + 2) > data_end)
+            return 0;
+        u8 kind = p[0];
+        if (kind == 0)       // end of options
+            return 0;
+        if (kind == 1) {     // NOP
+            p += 1;
+            continue;
+        }
+        u8 len = p[1];
+        if (len < 2)
+            return 0;
+        if (kind == 5) {     // SACK: 2 + 8 n bytes
+            if (len < 10 || p + 10 > end || (void *)(p + 10) > data_end)
+                return 0;
+            u32 start = be32_at(p + 2), stop = be32_at(p + 6);
+            if ((s32)(stop - start) <= 0)
+                return 0;
+            if ((s32)(start - bpf_ntohl(th->ack_seq)) < 0)
+                return stop - start;               // below the cumulative ACK
+            if (len >= 18 && p + 18 <= end && (void *)(p + 18) <= data_end) {
+                u32 s2 = be32_at(p + 10), e2 = be32_at(p + 14);
+                if ((s32)(start - s2) >= 0 && (s32)(e2 - stop) >= 0)
+                    return stop - start;           // inside the second block
+            }
+            return 0;
+        }
+        p += len;
+    }
+    return 0;
+}
 
 // Real switches discard frames that fail the FCS and count them as errors; here
 // a corrupted IPv4 header (bad checksum) plays that part.
@@ -47,6 +99,7 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
     pi->ports = 0;
     pi->proto = 0;
     pi->saddr = pi->daddr = 0;
+    pi->dsack = 0;
     pi->iph = 0;
     if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
         return;
@@ -71,6 +124,8 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
             u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
             pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
             pi->ports = ((u32)th->source << 16) | th->dest;
+            if (th->doff > 5)
+                pi->dsack = dsack_bytes(th, data_end);
         }
     } else if (iph->protocol == IPPROTO_UDP && ihl == sizeof(*iph)) {
         struct udphdr *uh = (void *)iph + sizeof(*iph);

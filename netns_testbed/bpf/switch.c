@@ -28,6 +28,7 @@ static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
 BPF_PERCPU_ARRAY(counters, struct fp_counter, NPORTS * 2 * NSRC * FP_NKIND);
+BPF_PERCPU_ARRAY(dup, struct fp_counter, NPORTS * 2);   // [port * 2 + dir]: segments carrying a D-SACK, bytes it reports
 BPF_HASH(ifindex_port, u32, u32, 256);             // this namespace's ifindex -> port
 BPF_ARRAY(port_ifindex, u32, NPORTS);              // port -> ifindex (redirect target)
 BPF_ARRAY(config, struct fp_config, 1);
@@ -66,6 +67,14 @@ static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, stru
     if (c) {
         c->pkts += 1;
         c->bytes += skb->len;
+    }
+    if (pi->dsack) {
+        u32 di = port * 2 + dir;
+        struct fp_counter *d = dup.lookup(&di);
+        if (d) {
+            d->pkts += 1;
+            d->bytes += pi->dsack;
+        }
     }
 }
 
