@@ -27,47 +27,50 @@ struct pkt_info {
 // block (RFC 2883). A leaf counts the duplicates towards a host as packets sent
 // to it twice, like the retransmissions after a loss on its link to the host;
 // the D-SACKs coming back from the host tell the two apart. Returns the bytes
-// the block reports, 0 without one. Options are walked at most FP_TCP_OPT_STEPS
-// steps (a Linux ACK: NOP NOP TS NOP NOP SACK).
+// the block reports, 0 without one.
+//
+// The options are read with bpf_skb_load_bytes at the offset where the previous
+// option ended, at most FP_TCP_OPT_STEPS options (a Linux ACK: NOP NOP TS NOP NOP
+// SACK): the verifier refuses packet pointers moved by a variable amount (and
+// stack reads at a variable offset) to a program loaded without CAP_PERFMON, and
+// the site agent runs with CAP_BPF and CAP_NET_ADMIN alone. `off` is where the
+// options start in the frame, `end` where the TCP header ends.
 #define FP_TCP_OPT_STEPS 10
-static __always_inline u32 be32_at(u8 *p) {
+static __always_inline u32 be32_of(u8 *p) {
     return ((u32)p[0] << 24) | ((u32)p[1] << 16) | ((u32)p[2] << 8) | (u32)p[3];
 }
 
-static __always_inline u32 dsack_bytes(struct tcphdr *th, void *data_end) {
-    u8 *p = (u8 *)(th + 1);
-    u8 *end = (u8 *)th + th->doff * 4;
+static __always_inline u32 dsack_bytes(struct __sk_buff *skb, u32 off, u32 end, u32 ack) {
 #pragma unroll
     for (int n = 0; n < FP_TCP_OPT_STEPS; n++) {
-        // each read is checked against data_end itself: the verifier does not carry `end`'s bound over
-        if (p + 2 > end || (void *)(p + 2) > data_end)
+        u8 kl[2];
+        if (off + 2 > end || bpf_skb_load_bytes(skb, off, kl, 2) < 0)
             return 0;
-        u8 kind = p[0];
-        if (kind == 0)       // end of options
+        if (kl[0] == 0)      // end of options
             return 0;
-        if (kind == 1) {     // NOP
-            p += 1;
+        if (kl[0] == 1) {    // NOP
+            off += 1;
             continue;
         }
-        u8 len = p[1];
-        if (len < 2)
+        if (kl[1] < 2)
             return 0;
-        if (kind == 5) {     // SACK: 2 + 8 n bytes
-            if (len < 10 || p + 10 > end || (void *)(p + 10) > data_end)
+        if (kl[0] == 5) {    // SACK: 2 + 8 n bytes
+            u8 b[16];
+            if (kl[1] < 10 || off + 10 > end || bpf_skb_load_bytes(skb, off + 2, b, 8) < 0)
                 return 0;
-            u32 start = be32_at(p + 2), stop = be32_at(p + 6);
+            u32 start = be32_of(b), stop = be32_of(b + 4);
             if ((s32)(stop - start) <= 0)
                 return 0;
-            if ((s32)(start - bpf_ntohl(th->ack_seq)) < 0)
+            if ((s32)(start - ack) < 0)
                 return stop - start;               // below the cumulative ACK
-            if (len >= 18 && p + 18 <= end && (void *)(p + 18) <= data_end) {
-                u32 s2 = be32_at(p + 10), e2 = be32_at(p + 14);
+            if (kl[1] >= 18 && off + 18 <= end && bpf_skb_load_bytes(skb, off + 10, b + 8, 8) == 0) {
+                u32 s2 = be32_of(b + 8), e2 = be32_of(b + 12);
                 if ((s32)(start - s2) >= 0 && (s32)(e2 - stop) >= 0)
                     return stop - start;           // inside the second block
             }
             return 0;
         }
-        p += len;
+        off += kl[1];
     }
     return 0;
 }
@@ -124,8 +127,10 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
             u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
             pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
             pi->ports = ((u32)th->source << 16) | th->dest;
-            if (th->doff > 5)
-                pi->dsack = dsack_bytes(th, data_end);
+            if (th->doff > 5) {
+                u32 tcp_off = sizeof(*eth) + sizeof(*iph);   // a 20-byte IPv4 header (checked above)
+                pi->dsack = dsack_bytes(skb, tcp_off + sizeof(*th), tcp_off + th->doff * 4, bpf_ntohl(th->ack_seq));
+            }
         }
     } else if (iph->protocol == IPPROTO_UDP && ihl == sizeof(*iph)) {
         struct udphdr *uh = (void *)iph + sizeof(*iph);
