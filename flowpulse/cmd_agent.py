@@ -219,9 +219,12 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
     pidfile = None
     if piddir is not None:
-        piddir.mkdir(exist_ok=True)
+        from netns_testbed import pidfile as pidfiles
+
+        piddir.mkdir(mode=0o700, exist_ok=True)
         pidfile = piddir / f"agent-{os.getpid()}.pid"
-        pidfile.write_text(f"{os.getpid()} {' '.join(a.switch for a in agents)}\n")
+        pidfile.unlink(missing_ok=True)          # a file of a dead process that had this pid
+        pidfiles.write(pidfile, " ".join(a.switch for a in agents))
     stop = threading.Event()
     stopped_by: list[int] = []
 

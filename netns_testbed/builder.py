@@ -20,6 +20,7 @@ from pyroute2 import IPRoute, netns
 
 from flowpulse.errors import EnvironmentProblem, SpecError, StateError
 from netns_testbed import datapath as dp
+from netns_testbed import pidfile
 from netns_testbed.nsutil import NETNS_RUN_DIR, kill_pids, pids_in_netns, require_root, sysctl
 from netns_testbed.state import RUN_DIR, Testbed, TestbedState, state_dir, write_state
 from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
@@ -242,7 +243,9 @@ def down(prefix: str) -> list[str]:
     require_root()
     removed: list[str] = []
     names = [n for n in netns.listnetns() if (parse_namespace(n) or ("", ""))[0] == prefix]
-    pids = sorted({pid for n in names for pid in pids_in_netns(n)} | _agent_pids(prefix))
+    # agents: only the processes their pid files prove (start time, through a pidfd) are still theirs
+    pidfile.kill_owned(_agent_pidfiles(prefix), grace=0.5)
+    pids = sorted({pid for n in names for pid in pids_in_netns(n)})
     if pids:
         kill_pids(pids, grace=0.5)
     for name in names:
@@ -260,20 +263,10 @@ def down(prefix: str) -> list[str]:
     return removed
 
 
-def _agent_pids(prefix: str) -> set[int]:
-    """Agents and other helpers run in the root namespace; they leave pid files."""
-    out: set[int] = set()
+def _agent_pidfiles(prefix: str) -> list[Path]:
+    """Agents and other helpers run in the root namespace; they leave pid files (netns_testbed.pidfile)."""
     d = state_dir(prefix) / "pids"
-    if d.is_dir():
-        for f in d.glob("*.pid"):
-            try:
-                pid = int(f.read_text().split()[0])
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except (OSError, ValueError, IndexError):
-                continue
-            if b"flowpulse" in cmd or b"agent" in cmd:
-                out.add(pid)
-    return out
+    return sorted(d.glob("*.pid")) if d.is_dir() else []
 
 
 def status(prefix: str) -> dict:
