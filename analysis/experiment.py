@@ -15,7 +15,6 @@ Run directory::
 """
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import threading
@@ -25,7 +24,6 @@ from typing import Callable
 
 from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, make_tracker, run_agents
 from agent.incidents import summarize
-from agent.pulse import PulseCounts
 from analysis import baselines
 from analysis.scoring import detection_summary
 from analysis.spec import ExperimentSpec, ScheduledFault
@@ -184,13 +182,3 @@ def report_alerts(events: list[dict]) -> list[dict]:
                     "window": ev["window"], "evidence": ev["evidence"]})
     return out
 
-
-def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:
-    out: dict[str, list[PulseCounts]] = {}
-    if not directory.is_dir():
-        return out
-    for f in sorted([*directory.glob("pulses-*.jsonl"), *directory.glob("pulses-*.jsonl.gz")]):
-        sw = f.name[len("pulses-"):].split(".")[0]
-        text = gzip.decompress(f.read_bytes()).decode() if f.suffix == ".gz" else f.read_text()
-        out[sw] = [PulseCounts.from_dict(json.loads(l)) for l in text.splitlines() if l.strip()]
-    return out

@@ -46,7 +46,8 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
         return _replay_trace(path, cfg, degraded)
     if not (path / "report.json").exists():
         raise SpecError(f"{path} holds neither a run (report.json) nor a recorded trace (pulses.csv[.gz])")
-    from analysis.experiment import load_pulses, report_alerts
+    from analysis.experiment import report_alerts
+    from analysis.rundir import load_pulses
 
     report = json.loads((path / "report.json").read_text())
     spec = report["spec"]
@@ -64,7 +65,7 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
 
 def run_as_feed(path: Path) -> Iterator[str]:
     """A recorded run (run directory) as feed lines: header, then every pulse in the order they ended."""
-    from analysis.experiment import load_pulses
+    from analysis.rundir import load_pulses
 
     path = Path(path)
     if not (path / "report.json").exists():

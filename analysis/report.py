@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.experiment import load_pulses  # noqa: E402
+from analysis.rundir import load_pulses  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
 
 

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.detector import DetectorConfig  # noqa: E402
 from agent.detector.checks import TCP_IP_HEADERS  # noqa: E402
-from analysis.experiment import load_pulses, run_experiment  # noqa: E402
+from analysis.experiment import run_experiment  # noqa: E402
+from analysis.rundir import load_pulses  # noqa: E402
 from analysis.replay import run_detectors  # noqa: E402
 from analysis.spec import ExperimentSpec  # noqa: E402
 from netns_testbed.nsutil import require_root  # noqa: E402

@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "random leaf-spine link part-way through and tells what the agents saw. Exit 0 only\n"
                               "if the fault was caught and localized.")
     d.add_argument("--out", type=Path, default=None, help="run directory (default runs/demo-<time>)")
+    d.add_argument("--force", action="store_true", help="replace the run files of a previous run in --out")
     d.add_argument("--seed", type=int, default=None, help="choose the faulty link with this seed")
     d.add_argument("--rate", type=float, default=0.01, help="drop rate of the injected fault")
     d.add_argument("--iterations", type=int, default=40)
@@ -71,7 +72,8 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("analytic", "learned"))
     p.add_argument("--fa-per-day", type=float, help="false-alert budget of the fabric per day (default 1)")
     p.add_argument("--pulse-hz", type=float, help="pulses per second per switch, for the budget (default 1)")
-    p.add_argument("--out", type=Path, required=True, help="run directory")
+    p.add_argument("--out", type=Path, required=True, help="run directory (new or empty)")
+    p.add_argument("--force", action="store_true", help="replace the run files of a previous run in --out")
     p.add_argument("--no-plots", action="store_true")
     add_common(p)
 
@@ -111,7 +113,10 @@ def _run(spec, out: Path, args) -> dict:
     from analysis.report import make_plots
     from netns_testbed.nsutil import require_root
 
+    from analysis.rundir import claim
+
     require_root()
+    claim(out, getattr(args, "force", False))
     t0 = time.time()
     rep = run_experiment(spec, out, progress=lambda m: print(f"[{time.time() - t0:6.1f}s] {m}", file=sys.stderr))
     if not getattr(args, "no_plots", False):
@@ -122,7 +127,10 @@ def _run(spec, out: Path, args) -> dict:
 def cmd_experiment(args: argparse.Namespace) -> int:
     from analysis.report import text_summary
 
+    from analysis.rundir import check_out
+
     spec = spec_from_args(args)
+    check_out(args.out, args.force)
     rep = _run(spec, args.out, args)
     emit(args, rep, lambda r: text_summary(r) + f"\nrun directory: {args.out}")
     return 0 if rep["workload"].get("ok") else 1

@@ -22,7 +22,7 @@ from flowpulse.errors import EnvironmentProblem, SpecError, StateError
 from netns_testbed import datapath as dp
 from netns_testbed import pidfile
 from netns_testbed.nsutil import NETNS_RUN_DIR, kill_pids, pids_in_netns, require_root, sysctl
-from netns_testbed.state import RUN_DIR, Testbed, TestbedState, state_dir, write_state
+from netns_testbed.state import RUN_DIR, Testbed, TestbedState, prefix_lock, remove_prefix_lock, state_dir, write_state
 from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
 
 log = logging.getLogger("flowpulse.testbed")
@@ -81,6 +81,12 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
     require_root()
     if not NETNS_RUN_DIR.parent.exists():
         raise EnvironmentProblem("/var/run is missing: cannot name network namespaces")
+    with prefix_lock(prefix, wait_s=0):
+        return _up_locked(prefix, spec, fabric, opts, progress)
+
+
+def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
+               progress: Callable[[str], None] | None) -> Testbed:
     existing = list_testbeds().get(prefix)
     if existing is not None:
         raise StateError(f"a testbed with prefix {prefix!r} already exists: run `flowpulse fabric down --prefix {prefix}` or pick another --prefix")
@@ -106,7 +112,8 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
         write_state(state)
     except BaseException:
         log.error("build of testbed %r failed; removing what was built", prefix)
-        down(prefix)
+        _down_locked(prefix)
+        remove_prefix_lock(prefix)
         raise
     say(f"testbed {prefix!r} is up ({time.monotonic() - t0:.1f} s)")
     return Testbed(state)
@@ -207,7 +214,9 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
     bpffs = sdir / "bpf"
     bpffs.mkdir(parents=True, exist_ok=True)
     # bpffs outside /sys: `ip netns exec` remounts /sys and would hide it.
-    r = subprocess.run(["mount", "-t", "bpf", f"{prefix}-bpffs", str(bpffs)], capture_output=True, text=True)
+    # mode 0700: only root sees or creates pins (no local user can plant or remove a map mid-build)
+    r = subprocess.run(["mount", "-t", "bpf", "-o", "mode=0700", f"{prefix}-bpffs", str(bpffs)],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise EnvironmentProblem(f"cannot mount bpffs at {bpffs} ({r.stderr.strip()}): the kernel needs CONFIG_BPF_SYSCALL")
     tb = Testbed(state)
@@ -241,6 +250,13 @@ def down(prefix: str) -> list[str]:
     """
     check_prefix(prefix)
     require_root()
+    with prefix_lock(prefix):
+        removed = _down_locked(prefix)
+        remove_prefix_lock(prefix)
+    return removed
+
+
+def _down_locked(prefix: str) -> list[str]:
     removed: list[str] = []
     names = [n for n in netns.listnetns() if (parse_namespace(n) or ("", ""))[0] == prefix]
     # agents: only the processes their pid files prove (start time, through a pidfd) are still theirs

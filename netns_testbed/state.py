@@ -101,3 +101,48 @@ def write_state(state: TestbedState) -> None:
     tmp = d / "state.json.tmp"
     tmp.write_text(state.to_json())
     os.replace(tmp, d / "state.json")
+
+
+LOCK_WAIT_S = 120.0
+
+
+@contextlib.contextmanager
+def prefix_lock(prefix: str, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold testbed ``prefix``'s lock: ``up`` and ``down`` of one prefix never run at once (two `fabric
+    up` of one prefix: the loser's clean-up removed the winner's testbed). ``wait_s`` 0: fail at once
+    if another process holds it. The lock file (``RUN_DIR/.<prefix>.lock``) is removed by ``down``
+    while held; a process that opened it before then finds another inode on the path and tries again.
+    """
+    import time
+
+    RUN_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path = RUN_DIR / f".{check_prefix(prefix)}.lock"
+    deadline = time.monotonic() + wait_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                raise StateError(f"testbed {prefix!r} is being built or removed by another process: wait for "
+                                 f"it to finish (`flowpulse fabric status --prefix {prefix}`), then retry") from None
+            time.sleep(0.1)
+            continue
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)               # removed (or replaced) under us: the lock is on another file now
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_prefix_lock(prefix: str) -> None:
+    """Called by ``down`` while it holds the lock: nothing of the testbed is left behind."""
+    with contextlib.suppress(FileNotFoundError):
+        (RUN_DIR / f".{check_prefix(prefix)}.lock").unlink()

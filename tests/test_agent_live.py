@@ -44,7 +44,7 @@ def test_healthy_job_raises_nothing(tmp_path):
     assert sum(p["merged"] for p in big) >= 55
     assert sum(1 for p in big if p["merged"] > 1) <= 2
     # the counter-level model against this real run: same per-port spread (model no quieter)
-    from analysis.experiment import load_pulses
+    from analysis.rundir import load_pulses
     from analysis.model import ModelSpec, simulate
     from tests.test_model import uplink_residuals
 

@@ -36,6 +36,31 @@ def test_bad_flags(tmp_path, flags, word):
     assert not (tmp_path / "run").exists()
 
 
+def test_out_that_holds_a_run_or_a_file_is_refused(tmp_path):
+    """A second run into one --out appended to the first's alerts and pulses: refused, nothing written;
+    --force replaces only run files."""
+    from analysis.rundir import check_out, claim
+
+    run = tmp_path / "run"
+    (run / "pulses").mkdir(parents=True)
+    (run / "alerts.jsonl").write_text("{}\n")
+    (run / "fabric.png").write_bytes(b"png")
+    r = cli("experiment", "--out", str(run), "--prefix", "tspec")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--force" in r.stderr, r.stderr
+    assert (run / "alerts.jsonl").read_text() == "{}\n"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = cli("experiment", "--out", str(afile), "--prefix", "tspec")
+    assert r.returncode == 2 and "is a file" in r.stderr, r.stderr
+    claim(run, force=True)
+    assert list(run.iterdir()) == []
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError, match="not a run's"):
+        check_out(run, force=True)
+    assert (run / "notes.txt").exists()
+    check_out(tmp_path / "new", force=False)      # a new directory is fine
+
+
 def test_bad_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("fabric: {leaves: 2\n")

@@ -35,11 +35,12 @@ def leftovers_of(prefix: str) -> dict:
     ns = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
           if n.startswith(prefix + "-")]
     mounts = [l for l in open("/proc/mounts") if f"/{prefix}/" in l]
-    return {"namespaces": ns, "mounts": mounts, "state_dir": (RUN_DIR / prefix).exists()}
+    return {"namespaces": ns, "mounts": mounts, "state_dir": (RUN_DIR / prefix).exists(),
+            "lock": (RUN_DIR / f".{prefix}.lock").exists()}
 
 
 def assert_gone(prefix: str) -> None:
-    assert leftovers_of(prefix) == {"namespaces": [], "mounts": [], "state_dir": False}
+    assert leftovers_of(prefix) == {"namespaces": [], "mounts": [], "state_dir": False, "lock": False}
 
 
 def uplink_pkts(tb: Testbed, leaf: str) -> np.ndarray:
@@ -328,6 +329,34 @@ def attached_program_ids(prefix: str, fabric) -> set[int]:
                                      capture_output=True, text=True).stdout
                 ids |= {int(m) for m in re.findall(r" id (\d+) ", out)}
     return ids
+
+
+def test_two_ups_of_one_prefix_at_once_leave_the_winner_intact():
+    """Two `fabric up` of one prefix started together: one builds, the other fails with one line and
+    removes nothing of the winner's (its clean-up used to remove the winner's testbed)."""
+    prefix = new_prefix()
+    argv = [sys.executable, "-m", "flowpulse", "fabric", "up", "--prefix", prefix, "--leaves", "2", "--spines", "2",
+            "--hosts-per-leaf", "1"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 4], outs          # 4: the testbed is not in the state the command needs
+        loser = next(err for p, (_, err) in zip(procs, outs) if p.returncode == 4)
+        assert len(loser.strip().splitlines()) == 1 and prefix in loser, loser
+        tb = Testbed.load(prefix)
+        assert tb.state.status == "up" and builder.status(prefix)["healthy"]
+        assert all(r.ok for r in all_pairs(tb))
+    finally:
+        builder.down(prefix)
+    assert_gone(prefix)
+
+
+def test_bpffs_is_root_only(make_testbed):
+    tb = make_testbed(leaves=2, spines=1, hosts_per_leaf=1)
+    mount = next(l.split() for l in open("/proc/mounts") if l.split()[1] == str(tb.dir / "bpf"))
+    assert "mode=700" in mount[3].split(","), mount
+    assert (os.stat(tb.dir / "bpf").st_mode & 0o777) == 0o700
 
 
 def test_down_is_clean_and_idempotent(make_testbed):

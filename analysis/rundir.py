@@ -1,0 +1,60 @@
+"""A run directory: what an experiment writes there, how it is read back, and how a new run claims one.
+
+An experiment writes ``spec.json``, ``alerts.jsonl``, ``incidents.jsonl``, ``pulses/pulses-<switch>.jsonl``
+(``.gz`` accepted), ``workload/``, ``baselines.json``, ``report.json`` and the report's ``*.png``. The
+JSON-lines files are appended to, so a second run into the same directory would mix with the first:
+:func:`claim` refuses a directory that holds anything unless told to replace the run files.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from agent.pulse import PulseCounts
+from flowpulse.errors import SpecError
+
+RUN_FILES = ("spec.json", "alerts.jsonl", "incidents.jsonl", "pulses", "workload", "baselines.json", "report.json")
+RUN_GLOBS = ("*.png",)
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an ``--out`` that is a file, or a directory holding anything (unless ``force``); writes
+    nothing."""
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out {out} is a file: name a directory for the run")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            held = sorted(p.name for p in out.iterdir())
+            raise SpecError(f"--out {out} is not empty ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+                            "a new run would mix with what is there; name a new directory or add --force "
+                            "to replace its run files")
+        strays = [p.name for p in out.iterdir() if p.name not in RUN_FILES
+                  and not any(p.match(g) for g in RUN_GLOBS)]
+        if strays:
+            raise SpecError(f"--out {out} holds files that are not a run's ({', '.join(sorted(strays)[:3])}): "
+                            "--force replaces only run files; name a new directory")
+
+
+def claim(out: Path, force: bool) -> None:
+    """:func:`check_out`, then (with ``force``) remove the run files a previous run left."""
+    check_out(out, force)
+    if out.is_dir():
+        for p in list(out.iterdir()):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+
+def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:
+    """Every switch's recorded pulses under ``directory`` (a run's ``pulses/``)."""
+    out: dict[str, list[PulseCounts]] = {}
+    if not directory.is_dir():
+        return out
+    for f in sorted([*directory.glob("pulses-*.jsonl"), *directory.glob("pulses-*.jsonl.gz")]):
+        sw = f.name[len("pulses-"):].split(".")[0]
+        text = gzip.decompress(f.read_bytes()).decode() if f.suffix == ".gz" else f.read_text()
+        out[sw] = [PulseCounts.from_dict(json.loads(l)) for l in text.splitlines() if l.strip()]
+    return out
