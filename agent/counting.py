@@ -22,7 +22,7 @@ import logging
 import socket
 
 from agent.site import Site
-from flowpulse.errors import EnvironmentProblem, SpecError
+from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed.bpfmaps import PinnedArray
 

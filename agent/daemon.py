@@ -48,7 +48,7 @@ class AgentOptions:
 
 def check_switch(dep: Deployment, switch: str) -> None:
     if switch not in dep.fabric.switches:
-        from flowpulse.errors import SpecError
+        from netns_testbed.errors import SpecError
 
         raise SpecError(f"unknown switch {switch!r}: this fabric has {', '.join(dep.fabric.switches)}")
 

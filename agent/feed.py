@@ -36,7 +36,7 @@ import numpy as np
 from agent.detector import DetectorConfig, SwitchDetector
 from agent.incidents import IncidentTracker, LocalEvidence
 from agent.pulse import PulseCounts
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
 
 FEED_VERSION = 1

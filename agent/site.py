@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from agent.deployment import Deployment
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode, node_kind, node_num
 
 log = logging.getLogger("flowpulse.agent.site")

@@ -15,7 +15,7 @@ from agent.feed import FeedHeader, Judge, feed_lines
 from agent.incidents import summarize
 from agent.pulse import PulseCounts
 from analysis.scoring import detection_summary
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
 

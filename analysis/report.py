@@ -16,7 +16,7 @@ from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
 def load_report(run: Path) -> dict:
     path = Path(run) / "report.json"
     if not path.exists():
-        from flowpulse.errors import SpecError
+        from netns_testbed.errors import SpecError
 
         raise SpecError(f"{run} is not a run directory (no report.json): run `flowpulse experiment --out DIR` first")
     return json.loads(path.read_text())

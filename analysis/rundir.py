@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from agent.pulse import PulseCounts
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 
 RUN_FILES = ("spec.json", "alerts.jsonl", "incidents.jsonl", "pulses", "workload", "baselines.json", "report.json")
 RUN_GLOBS = ("*.png",)

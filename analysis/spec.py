@@ -18,11 +18,11 @@ from pathlib import Path
 import yaml
 
 from agent.detector import DetectorConfig
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.faults import FaultSpec, parse_fault
 from netns_testbed.builder import UpOptions
 from netns_testbed.topo import Fabric, FabricSpec, check_prefix
-from workload.launcher import JobSpec
+from workload.launcher import JobSpec, parse_size
 
 
 @dataclass(frozen=True)
@@ -108,17 +108,6 @@ class ExperimentSpec:
                 "seed": self.seed, "prefix": self.prefix}
 
 
-def parse_size(value) -> int:
-    from flowpulse.cmd_workload import parse_size as ps
-
-    if isinstance(value, int):
-        return value
-    try:
-        return ps(str(value))
-    except Exception:
-        raise SpecError(f"bad size {value!r}: use e.g. 4MiB") from None
-
-
 def load_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -129,6 +118,32 @@ def load_yaml(path: Path) -> dict:
     if not isinstance(data, dict):
         raise SpecError(f"spec file {path} must hold a mapping (fabric:, workload:, faults:, ...)")
     return data
+
+
+def typed(value, kind: type, name: str):
+    """A spec value as ``kind``: numbers stay numbers (a whole float is an int), strings that spell one
+    number are read as it (YAML 1.1 reads 1e-6 as a string); anything else is one line naming the key.
+    Floats must be finite."""
+    import math
+
+    what = {int: "a whole number", float: "a number", str: "a string"}[kind]
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        raise SpecError(f"bad {name} {value!r}: must be {what}")
+    if isinstance(value, bool):
+        raise SpecError(f"bad {name} {value!r}: must be {what}")
+    try:
+        num = float(value) if isinstance(value, str) else value
+        if not isinstance(num, (int, float)) or not math.isfinite(num):
+            raise ValueError
+        if kind is int:
+            if num != int(num):
+                raise ValueError
+            return int(num)
+        return float(num)
+    except (TypeError, ValueError, OverflowError):
+        raise SpecError(f"bad {name} {value!r}: must be {what}") from None
 
 
 def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
@@ -146,17 +161,26 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
     job_args = {wk[k]: v for k, v in w.items()}
     if "size" in job_args:
         job_args["size"] = parse_size(job_args["size"])
+    for name, kind in (("iterations", int), ("idle_ms", float), ("ranks", int), ("gloo_timeout_s", float),
+                       ("deadline_s", float), ("workload", str), ("placement", str)):
+        if job_args.get(name) is not None:
+            job_args[name] = typed(job_args[name], kind, f"workload.{name}")
+    seed = typed(data.get("seed", 0), int, "seed")
+    gap_ms = typed(data.get("gap_ms", 50.0), float, "gap_ms")
+    spray = typed(data.get("spray", "rrdst"), str, "spray")
     try:
-        job = JobSpec(**job_args, seed=int(data.get("seed", 0)))
+        job = JobSpec(**job_args, seed=seed)
         det_data = data.get("detector") or {}
         if not isinstance(det_data, dict):
             raise SpecError("detector must be a mapping, e.g. {model: analytic, fa_per_day: 1}")
         det = DetectorConfig.from_dict(det_data)
     except TypeError as e:
         raise SpecError(f"bad spec: {e}") from None
-    spec = ExperimentSpec(fabric=fabric, spray=data.get("spray", "rrdst"), gap_ms=float(data.get("gap_ms", 50.0)),
-                          job=job, out_of_service=list(data.get("out_of_service") or []), detector=det,
-                          seed=int(data.get("seed", 0)), prefix=data.get("prefix", prefix))
+    oos = data.get("out_of_service") or []
+    if not isinstance(oos, list) or not all(isinstance(x, str) for x in oos):
+        raise SpecError("out_of_service must be a list of links, e.g. ['leaf0<->spine3']")
+    spec = ExperimentSpec(fabric=fabric, spray=spray, gap_ms=gap_ms, job=job, out_of_service=list(oos), detector=det,
+                          seed=seed, prefix=typed(data.get("prefix", prefix), str, "prefix"))
     fab = Fabric(fabric)
     if not isinstance(data.get("faults") or [], list):
         raise SpecError("faults must be a list of 'LINK:KIND[=RATE][@iter=K]' strings")

@@ -14,6 +14,7 @@ import logging
 
 from analysis.experiment import run_experiment
 from analysis.spec import ExperimentSpec, parse_scheduled
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric
 
 
@@ -28,6 +29,12 @@ class SweepSpec:
     links: int = 2                 # random leaf-spine links per (kind, rate)
     seeds: list[int] = field(default_factory=lambda: [0])
     fault_at: int = 15
+
+    def validate(self) -> "SweepSpec":
+        n = len(Fabric(self.base.fabric).fabric_links())
+        if not 1 <= self.links <= n:
+            raise SpecError(f"bad --links {self.links}: this fabric has {n} directed leaf-spine links (1..{n})")
+        return self
 
     def points(self) -> list[tuple[str, float, str, int]]:
         fabric = Fabric(self.base.fabric)

@@ -65,11 +65,19 @@ def table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad flags are one line on stderr naming the problem (and where the help is), exit 2: argparse's
+    own error prints the whole usage block first. Subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from flowpulse import (cmd_agent, cmd_counters, cmd_experiment, cmd_fabric, cmd_fault, cmd_feed, cmd_sweep,
                           cmd_workload)
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="flowpulse", formatter_class=Formatter,
         description="FlowPulse: catch silent link faults in a sprayed leaf-spine fabric from the temporal "
                     "symmetry of collective traffic.",

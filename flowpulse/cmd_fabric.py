@@ -135,6 +135,14 @@ def cmd_ping(args: argparse.Namespace) -> int:
     from netns_testbed.ping import all_pairs
     from netns_testbed.state import Testbed
 
+    import math
+
+    from flowpulse.errors import SpecError
+
+    if not 1 <= args.count <= 1000:
+        raise SpecError(f"bad --count {args.count}: echo requests per pair, 1..1000")
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= 60):
+        raise SpecError(f"bad --timeout {args.timeout}: seconds to wait for a reply, in (0, 60]")
     require_root()
     tb = Testbed.load(args.prefix)
     results = all_pairs(tb, args.count, args.timeout)

@@ -57,6 +57,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.fault_at >= base.job.iterations:
         raise SpecError(f"--fault-at {args.fault_at} is not before the last iteration ({base.job.iterations - 1})")
     sw = SweepSpec(base=base, kinds=kinds, rates=rates, links=args.links, seeds=seeds, fault_at=args.fault_at)
+    sw.validate()
     require_root()
     bar = tqdm(total=len(sw.points()), file=sys.stderr, unit="run")
 

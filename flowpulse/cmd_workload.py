@@ -11,19 +11,14 @@ from workload.rank import WORKLOADS
 
 
 def parse_size(text: str) -> int:
-    """Sizes like 4MiB, 512KiB, 1GiB or plain bytes."""
-    t = text.strip()
-    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("G", 1 << 30), ("M", 1 << 20),
-                         ("K", 1 << 10), ("B", 1)):
-        if t.endswith(suffix):
-            t, m = t[: -len(suffix)], mult
-            break
-    else:
-        m = 1
+    """argparse's view of :func:`workload.launcher.parse_size`."""
+    from netns_testbed.errors import SpecError
+    from workload.launcher import parse_size as parse
+
     try:
-        return int(float(t) * m)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 4MiB, 512KiB or bytes") from None
+        return parse(text)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:

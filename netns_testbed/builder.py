@@ -18,7 +18,7 @@ from typing import Callable
 
 from pyroute2 import IPRoute, netns
 
-from flowpulse.errors import EnvironmentProblem, SpecError, StateError
+from netns_testbed.errors import EnvironmentProblem, SpecError, StateError
 from netns_testbed import datapath as dp
 from netns_testbed import pidfile
 from netns_testbed.nsutil import NETNS_RUN_DIR, kill_pids, pids_in_netns, require_root, sysctl

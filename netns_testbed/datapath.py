@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowpulse.errors import EnvironmentProblem
+from netns_testbed.errors import EnvironmentProblem
 from netns_testbed.bpfmaps import PinnedArray, PinnedHash, obj_pin
 from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.topo import Fabric, Link, node_kind, node_num

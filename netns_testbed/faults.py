@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
-from flowpulse.errors import EnvironmentProblem, SpecError
+from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed.state import Testbed
 from netns_testbed.topo import Fabric, Link, node_kind

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from flowpulse.errors import EnvironmentProblem
+from netns_testbed.errors import EnvironmentProblem
 
 NETNS_RUN_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from flowpulse.errors import StateError
+from netns_testbed.errors import StateError
 from netns_testbed.topo import Fabric, Link, check_prefix, namespace
 
 RUN_DIR = Path(os.environ.get("FLOWPULSE_RUN_DIR", "/run/flowpulse"))

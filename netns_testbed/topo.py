@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable
 
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 
 MAX_LEAVES = 32
 MAX_SPINES = 64
@@ -71,7 +71,7 @@ SPRAY_MODE_HELP = {
 
 def check_prefix(prefix: str) -> str:
     """Validate a testbed prefix: every kernel object of the testbed carries it."""
-    if not PREFIX_RE.match(prefix or ""):
+    if not isinstance(prefix, str) or not PREFIX_RE.fullmatch(prefix):   # (match() let "fp\n" through)
         raise SpecError(
             f"bad prefix {prefix!r}: use 1-8 lowercase letters/digits starting with a letter, e.g. --prefix fp"
         )
@@ -371,6 +371,6 @@ def namespace(prefix: str, node: str) -> str:
 def parse_namespace(name: str) -> tuple[str, str] | None:
     """Inverse of :func:`namespace`, for cleanup that reads the kernel, not saved state."""
     prefix, sep, node = name.partition("-")
-    if not sep or not PREFIX_RE.match(prefix) or not NODE_RE.match(node):
+    if not sep or not PREFIX_RE.fullmatch(prefix) or not NODE_RE.match(node):
         return None
     return prefix, node

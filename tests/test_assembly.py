@@ -6,7 +6,7 @@ import pytest
 
 from agent.detector import DetectorConfig
 from agent.pulse import PulseAssembler, PulseCounts, merge
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 
 USUAL = 20_000
 

@@ -71,7 +71,7 @@ def test_a_drifted_mirror_fails_and_is_named(structs, constants, named):
 @pytest.mark.root
 def test_loading_a_drifted_datapath_fails_with_the_fact_named(monkeypatch):
     """The real compile (BCC) with a mirror out of step: EnvironmentProblem naming it, nothing attached."""
-    from flowpulse.errors import EnvironmentProblem
+    from netns_testbed.errors import EnvironmentProblem
 
     monkeypatch.setitem(dp.C_CONSTANTS, "FP_KIND_BADHDR", 3)
     shape = dp.SwitchShape.of(Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=1)), "leaf0")

@@ -284,7 +284,7 @@ def test_pulse_shape_mismatch_is_an_error():
 
 
 def test_bad_config():
-    from flowpulse.errors import SpecError
+    from netns_testbed.errors import SpecError
 
     for kw in (dict(model="magic"), dict(fa_per_day=0), dict(fa_per_day=float("nan")), dict(pulse_hz=-1),
                dict(magnitudes=()), dict(magnitudes=(0.01, 1.5)), dict(quiet_level=1.0), dict(certify_lag=0),

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from analysis.spec import from_dict, parse_scheduled
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec
 
 

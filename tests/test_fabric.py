@@ -268,7 +268,7 @@ def test_flapping_fault(default_testbed):
 
 def test_netem_backend(default_testbed):
     """netem where the kernel has it (plain drops only); a clear error where it does not."""
-    from flowpulse.errors import EnvironmentProblem, SpecError
+    from netns_testbed.errors import EnvironmentProblem, SpecError
 
     tb = default_testbed
     with pytest.raises(SpecError, match="plain drop"):

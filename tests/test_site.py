@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from agent.site import dump_site, load_site, schema, site_of_testbed
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec
 
 REPO = Path(__file__).resolve().parent.parent

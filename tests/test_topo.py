@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.datapath import smooth_wrr
 from netns_testbed.faults import FaultKind, FaultSpec, parse_fault
 from netns_testbed.topo import Fabric, FabricSpec, Link, check_prefix, parse_namespace

@@ -8,7 +8,7 @@ import pytest
 from agent.detector import DetectorConfig, SwitchDetector
 from agent.pulse import PulseCounts
 from analysis.model import FabricModel, ModelSpec
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec
 
 

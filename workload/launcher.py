@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from flowpulse.errors import EnvironmentProblem, SpecError
+from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed.topo import Fabric
 from netns_testbed.nsutil import kill_pids, netns_argv
 from netns_testbed.state import Testbed
@@ -27,6 +27,24 @@ from workload.rank import WORKLOADS
 
 log = logging.getLogger("flowpulse.workload")
 PLACEMENTS = ("interleaved", "contiguous")
+
+
+def parse_size(text: str | int) -> int:
+    """Sizes like 4MiB, 512KiB, 1GiB or plain bytes (a whole number of bytes, finite)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    t = str(text).strip()
+    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("G", 1 << 30), ("M", 1 << 20),
+                         ("K", 1 << 10), ("B", 1)):
+        if t.endswith(suffix):
+            t, m = t[: -len(suffix)], mult
+            break
+    else:
+        m = 1
+    try:
+        return int(float(t) * m)
+    except (ValueError, OverflowError):      # "x", "nan", "inf"
+        raise SpecError(f"bad size {str(text)!r}: use e.g. 4MiB, 512KiB or bytes") from None
 
 
 @dataclass

@@ -301,7 +301,7 @@ class TotalsPeerCheck(PeerCheck):
         rows = [a for a in range(self.L) if a != me]
         if rows and (not self.valid[rows].all()
                      or any(not np.allclose(self.w_model[a], self.w_model[rows[0]]) for a in rows)):
-            from flowpulse.errors import SpecError
+            from netns_testbed.errors import SpecError
 
             raise SpecError(f"{switch}: interface statistics have no per-source split, so every leaf must spray "
                             "over its uplinks alike: no links out of service, weights or degraded links "

@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 
-from flowpulse.errors import SpecError
+from netns_testbed.errors import SpecError
 
 SECONDS_PER_DAY = 86400.0
 
