@@ -75,6 +75,9 @@ class SwitchAgent:
         self.pulses = 0
         self.busy_s = 0.0
         self.last_poll = time.monotonic()   # the poll loop's heartbeat (/healthz)
+        # held by the poll loop while it steps the detector, and by readers in other threads (metrics
+        # scrapes) while they read it: a scrape sees one pulse's state, never one half-judged
+        self.lock = threading.RLock()
         self._rec: TextIO | None = None
         if opts.record:
             opts.record.mkdir(parents=True, exist_ok=True)
@@ -256,17 +259,21 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
         if hup.is_set():
             hup.clear()
             for a in agents:
-                a.accept()
+                with a.lock:
+                    a.accept()
         pulsed = False
         for a in agents:
             n = a.pulses
-            events = a.step()
+            with a.lock:
+                events = a.step()
             pulsed |= a.pulses != n
             if tracker is not None:
                 for ev in events:
-                    publish(tracker.feed(ev.to_dict(), now=time.time()))
+                    with tracker.lock:
+                        publish(tracker.feed(ev.to_dict(), now=time.time()))
         if tracker is not None and pulsed and tracker.alerts:
-            publish(tracker.tick(time.time()))
+            with tracker.lock:
+                publish(tracker.tick(time.time()))
         if on_tick and time.monotonic() >= next_tick:
             on_tick(agents)
             next_tick = time.monotonic() + tick_s

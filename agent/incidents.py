@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,7 @@ class IncidentTracker:
         self.decided: dict[str, Attribution] = {}         # alert id -> a settled ambiguity (sticky)
         self.incidents: dict[str, Incident] = {}
         self.history: list[dict] = []                     # every incident event published
+        self.lock = threading.RLock()                     # the poll loop feeds, metrics scrapes read
 
     # -- input ---------------------------------------------------------------------------
     def feed(self, event: dict, now: float | None = None) -> list[dict]:

@@ -48,43 +48,52 @@ class AgentCollector:
         busy = CounterMetricFamily("flowpulse_agent_busy_seconds", "CPU-side time spent polling and judging",
                                    labels=["switch"])
         for a in self.agents:
-            sw = a.switch
-            det = a.detector
-            pulses.add_metric([sw], a.pulses)
-            warming.add_metric([sw], 1.0 if det.warming_up else 0.0)
-            thresh.add_metric([sw], 1.0)
-            for check, phi in det.noise_factors().items():
-                noise.add_metric([sw, check], phi)
-            resync.add_metric([sw], a.reader.resyncs)
-            busy.add_metric([sw], a.busy_s)
-            for kind in ("loss", "corruption"):
-                alerts.add_metric([sw, kind], a.alerts_total.get(kind, 0))
-            if a.last_pulse is not None:
-                for p in a.dep.fabric.ports[sw]:
-                    for d, dn in ((0, "in"), (1, "out")):
-                        pkts.add_metric([sw, str(p.index), p.ifname, dn], float(a.last_pulse.ip[p.index, d].sum()))
-            scores = det.port_scores()
-            for p in a.dep.fabric.ports[sw]:
-                score.add_metric([sw, str(p.index), p.ifname], scores.get(p.index, 0.0))
-            for oa in list(det.active.values()):
-                al = oa.alert
-                labels = [sw, str(al.port), al.ifname, al.link or "|".join(al.candidates), al.kind]
-                active.add_metric(labels, 1.0)
-                rate.add_metric(labels, al.estimated_rate)
+            with a.lock:      # one pulse's state: the poll loop steps the detector under it
+                self._agent(a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate)
         yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, busy)
         if self.tracker is not None:
-            inc = GaugeMetricFamily("flowpulse_incident",
-                                    "1 per open incident: link is the one named, or the candidates joined by | while "
-                                    "localizing; candidates: the links its first alerts pointed at",
-                                    labels=["incident", "link", "candidates", "kind", "state"])
-            irate = GaugeMetricFamily("flowpulse_incident_estimated_rate", "Estimated rate of an open incident",
-                                      labels=["incident", "link", "candidates", "kind", "state"])
-            for i in list(self.tracker.incidents.values()):
-                cands = "|".join(sorted({c for a in i.alerts.values() for c in a.get("candidates") or []}))
-                labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state]
-                inc.add_metric(labels, 1.0)
-                irate.add_metric(labels, i.rate)
-            yield from (inc, irate)
+            with self.tracker.lock:
+                fams = self._incidents()
+            yield from fams
+
+    def _agent(self, a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate) -> None:
+        sw = a.switch
+        det = a.detector
+        pulses.add_metric([sw], a.pulses)
+        warming.add_metric([sw], 1.0 if det.warming_up else 0.0)
+        thresh.add_metric([sw], 1.0)
+        for check, phi in det.noise_factors().items():
+            noise.add_metric([sw, check], phi)
+        resync.add_metric([sw], a.reader.resyncs)
+        busy.add_metric([sw], a.busy_s)
+        for kind in ("loss", "corruption"):
+            alerts.add_metric([sw, kind], a.alerts_total.get(kind, 0))
+        if a.last_pulse is not None:
+            for p in a.dep.fabric.ports[sw]:
+                for d, dn in ((0, "in"), (1, "out")):
+                    pkts.add_metric([sw, str(p.index), p.ifname, dn], float(a.last_pulse.ip[p.index, d].sum()))
+        scores = det.port_scores()
+        for p in a.dep.fabric.ports[sw]:
+            score.add_metric([sw, str(p.index), p.ifname], scores.get(p.index, 0.0))
+        for oa in list(det.active.values()):
+            al = oa.alert
+            labels = [sw, str(al.port), al.ifname, al.link or "|".join(al.candidates), al.kind]
+            active.add_metric(labels, 1.0)
+            rate.add_metric(labels, al.estimated_rate)
+
+    def _incidents(self) -> list:
+        inc = GaugeMetricFamily("flowpulse_incident",
+                                "1 per open incident: link is the one named, or the candidates joined by | while "
+                                "localizing; candidates: the links its first alerts pointed at",
+                                labels=["incident", "link", "candidates", "kind", "state"])
+        irate = GaugeMetricFamily("flowpulse_incident_estimated_rate", "Estimated rate of an open incident",
+                                  labels=["incident", "link", "candidates", "kind", "state"])
+        for i in list(self.tracker.incidents.values()):
+            cands = "|".join(sorted({c for a in i.alerts.values() for c in a.get("candidates") or []}))
+            labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state]
+            inc.add_metric(labels, 1.0)
+            irate.add_metric(labels, i.rate)
+        return [inc, irate]
 
 
 STALL_S = 5.0  # a poll loop silent this long is stuck (it polls every few ms)

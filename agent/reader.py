@@ -114,4 +114,4 @@ class PulseReader:
 
 def testbed_reader(tb, switch: str) -> PulseReader:
     """The reader of one testbed switch's pinned maps (``tb``: a netns_testbed.state.Testbed)."""
-    return PulseReader(switch, tb.state.gap_ms, lambda: tb.maps(switch))
+    return PulseReader(switch, tb.state.gap_ms, lambda: tb.maps(switch, readonly=True))   # it only reads

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -90,7 +91,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: unwinds like Ctrl-C, so every command's clean-up runs (the testbed an
+    experiment built, its ranks, the bpffs mount); the exit status is 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _terminate(signum, frame) -> None:
+    if os.getpid() != _MAIN_PID:
+        # a forked helper (pyroute2 forks one per namespace it creates, and stops it with SIGTERM):
+        # die as the signal says; unwinding the copied stack would run the command's clean-up in the
+        # child and take the half-built testbed down under the parent
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    raise Terminated(signum)
+
+
+_MAIN_PID = os.getpid()
+
+
 def main(argv: list[str] | None = None) -> int:
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    for sig in (signal.SIGTERM, signal.SIGHUP):     # the agent installs its own (a clean stop, exit 143)
+        signal.signal(sig, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose if hasattr(args, "verbose") else 0, 2)
@@ -106,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"flowpulse: error: {e}", file=sys.stderr)
         return e.code
+    except Terminated as e:
+        print(f"flowpulse: stopped by signal {e.signum}, cleaned up", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("flowpulse: interrupted", file=sys.stderr)
         return 130

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from agent.privileges import SITE_AGENT_EBPF, SITE_AGENT_NETLINK, TESTBED_AGENT
 from flowpulse.cli import Formatter, add_common
 
 log = logging.getLogger("flowpulse.agent")
@@ -169,7 +170,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
                         export_verdicts=set(switches) != set(tb.fabric.switches))
     agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[sink], degraded=args.degraded) for sw in switches]
-    return serve_agents(args, agents, sink, f"testbed {tb.prefix} (spray {tb.state.spray})", piddir=tb.dir / "pids")
+    return serve_agents(args, agents, sink, f"testbed {tb.prefix} (spray {tb.state.spray})", piddir=tb.dir / "pids",
+                        keep=TESTBED_AGENT)
 
 
 def run_site_agent(args: argparse.Namespace, site, ifindexes: list[int], cfg, sink) -> int:
@@ -191,7 +193,7 @@ def run_site_agent(args: argparse.Namespace, site, ifindexes: list[int], cfg, si
         except BaseException:
             reader.close()
             raise
-        return serve_agents(args, [agent], sink, where, piddir=None)
+        return serve_agents(args, [agent], sink, where, piddir=None, keep=SITE_AGENT_NETLINK)
     program = CountingProgram(site, ifindexes)
     try:
         program.load()
@@ -202,18 +204,21 @@ def run_site_agent(args: argparse.Namespace, site, ifindexes: list[int], cfg, si
         program.close()
         raise
     try:
-        return serve_agents(args, [agent], sink, where, piddir=None)
+        return serve_agents(args, [agent], sink, where, piddir=None, keep=SITE_AGENT_EBPF)
     finally:
         program.close()
 
 
-def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Path | None) -> int:
+def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Path | None,
+                 keep: tuple[str, ...]) -> int:
     """Run built agents until --duration, SIGINT or SIGTERM; close everything they opened. Exit 0 at the
-    end of --duration, 143 after SIGTERM and 130 after SIGINT (each once everything is closed)."""
+    end of --duration, 143 after SIGTERM and 130 after SIGINT (each once everything is closed). Before
+    any thread starts, the process keeps only the capabilities ``keep`` (see agent/privileges.py)."""
     import contextlib
     import signal
 
     from agent.daemon import JsonLinesSink, make_tracker, run_agents
+    from agent.privileges import keep_only
 
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
@@ -233,6 +238,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    keep_only(keep)          # the counters are open: from here on only what reading them needs
     code = 0
     try:
         if args.metrics_port is not None:

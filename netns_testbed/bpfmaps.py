@@ -19,6 +19,7 @@ BPF_MAP_UPDATE_ELEM = 2
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_MAP_LOOKUP_BATCH = 24
+BPF_F_RDONLY = 1 << 3     # BPF_OBJ_GET file_flags: a descriptor that can read the map, not change it
 
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
@@ -67,14 +68,17 @@ def obj_pin(fd: int, path: str) -> None:
 class PinnedArray:
     """A pinned BPF array map of ctypes structures (plain or per-CPU)."""
 
-    def __init__(self, path: str, value_type: type, entries: int, percpu: bool = False, fd: int | None = None) -> None:
-        """Open the map pinned at ``path``, or (``fd``) a copy of a map descriptor this process holds."""
+    def __init__(self, path: str, value_type: type, entries: int, percpu: bool = False, fd: int | None = None,
+                 readonly: bool = False) -> None:
+        """Open the map pinned at ``path`` (``readonly``: a descriptor the kernel refuses writes through),
+        or (``fd``) a copy of a map descriptor this process holds."""
         if fd is not None:
             self.fd = os.dup(fd)
         else:
             p = ct.create_string_buffer(path.encode())
             try:
-                self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
+                self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p),
+                                                     file_flags=BPF_F_RDONLY if readonly else 0))
             except OSError as e:
                 raise FileNotFoundError(errno.ENOENT, f"no pinned BPF map at {path} ({e.strerror})") from None
         self.path = path

@@ -282,13 +282,15 @@ class CounterMaps:
 class SwitchMaps(CounterMaps):
     """Handles on one testbed switch's pinned maps: counters, pulse state, spray tables, faults."""
 
-    def __init__(self, fabric: Fabric, state_dir: Path, switch: str) -> None:
+    def __init__(self, fabric: Fabric, state_dir: Path, switch: str, readonly: bool = False) -> None:
+        """``readonly``: descriptors that only read (the agent: it never changes the datapath)."""
         self.fabric = fabric
         self.switch = switch
         self.shape = SwitchShape.of(fabric, switch)
         self.nports, self.nsrc = self.shape.nports, self.shape.nsrc
         d = self.pins = pin_dir(state_dir, switch)
-        self.maps = {name: PinnedArray(str(d / name), t, n, pc) for name, (t, n, pc) in map_entries(self.shape).items()}
+        self.maps = {name: PinnedArray(str(d / name), t, n, pc, readonly=readonly)
+                     for name, (t, n, pc) in map_entries(self.shape).items()}
         self._ifport_path = str(d / "ifindex_port")
 
     def identity(self) -> tuple[int, int]:

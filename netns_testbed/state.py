@@ -87,12 +87,12 @@ class Testbed:
             self.state = fresh.state
             yield self
 
-    def maps(self, switch: str):
+    def maps(self, switch: str, readonly: bool = False):
         from netns_testbed.datapath import SwitchMaps
 
         if not self.state.datapath:
             raise StateError(f"testbed {self.prefix!r} runs without the eBPF datapath: no counters or faults")
-        return SwitchMaps(self.fabric, self.dir, switch)
+        return SwitchMaps(self.fabric, self.dir, switch, readonly=readonly)
 
 
 def write_state(state: TestbedState) -> None:

@@ -65,3 +65,91 @@ def test_sigkill_leftovers_go_with_the_next_run(tmp_path):
     assert nxt.returncode == 0, nxt.stdout[-2000:]
     assert prefix not in list_testbeds()        # ... the next run removes what a dead run left
     assert not (OWNERS / prefix).exists()
+
+
+def leftovers(prefix: str) -> dict:
+    from netns_testbed.state import RUN_DIR
+
+    return {"namespaces": list_testbeds().get(prefix, []),
+            "mounts": [l for l in open("/proc/mounts") if f"/{prefix}/" in l],
+            "state": (RUN_DIR / prefix).exists(), "lock": (RUN_DIR / f".{prefix}.lock").exists()}
+
+
+def processes_mentioning(text: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text.encode() in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_sigterm_to_experiment_mid_run_leaves_nothing(tmp_path):
+    """`systemctl stop`, a CI timeout: the experiment's ranks, testbed and mount go, exit 143."""
+    from tests.conftest import new_prefix
+
+    prefix, out = new_prefix(), tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "flowpulse", "experiment", "--prefix", prefix, "--leaves", "2",
+                             "--spines", "2", "--hosts-per-leaf", "1", "--size", "1MiB", "--iterations", "300",
+                             "--idle-ms", "100", "--out", str(out), "--no-plots"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        progress = out / "workload" / "progress.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (progress.exists() and progress.read_text().count("end") >= 2):
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        assert progress.exists(), "the job never ran"
+        assert processes_mentioning(str(out / "workload")), "no rank running when signalled"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-2000:]
+    assert "stopped by signal 15" in err
+    assert leftovers(prefix) == {"namespaces": [], "mounts": [], "state": False, "lock": False}
+    assert processes_mentioning(str(out / "workload")) == []          # no rank left behind
+
+
+def caps(pid: int) -> tuple[int, int]:
+    """(effective, bounding) capability masks of a process."""
+    got = {}
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(("CapEff:", "CapBnd:")):
+            got[line[:6]] = int(line.split()[1], 16)
+    return got.get("CapEff", -1), got.get("CapBnd", -1)
+
+
+def test_sigterm_to_agent_stops_it_cleanly_and_leaves_the_testbed(make_testbed, tmp_path):
+    from agent.privileges import TESTBED_AGENT, mask_of
+
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
+    proc = subprocess.Popen([sys.executable, "-m", "flowpulse", "agent", "--prefix", tb.prefix, "--all",
+                             "--duration", "120", "--alerts", str(tmp_path / "alerts.jsonl")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = tb.dir / "pids"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(pids.glob("*.pid")):
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        assert list(pids.glob(f"agent-{proc.pid}.pid")), "the agent wrote no pid file"
+        # once its maps are open it keeps only CAP_BPF and CAP_SYS_NICE (agent/privileges.py)
+        want = mask_of(TESTBED_AGENT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and caps(proc.pid) != (want, want):
+            time.sleep(0.1)
+        assert caps(proc.pid) == (want, want), caps(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert not list((tb.dir / "pids").glob("*.pid"))                  # its pid file went with it
+    assert len(list_testbeds()[tb.prefix]) == len(tb.fabric.nodes)     # the testbed is not the agent's

@@ -1,6 +1,7 @@
 """Real testbeds (root): connectivity, spraying, exact counters, faults, cleanup, bad input."""
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -145,6 +146,20 @@ def test_counters_equal_kernel_statistics(default_testbed):
     delta = {k: row_a[k] - row_b[k] for k in KINDS}
     assert delta["tcp_data"] == 30 and delta["tcp_ctrl"] == 20 and delta["non_ip"] >= 3
     assert delta["other_ip"] >= 15 and delta["bad_hdr"] == 0
+
+
+def test_readonly_maps_refuse_writes(default_testbed):
+    """The agent opens the pins read-only (BPF_F_RDONLY): the kernel refuses a write through them."""
+    from netns_testbed.datapath import Config
+
+    maps = default_testbed.maps("leaf0", readonly=True)
+    try:
+        assert maps.counters().shape[0] == len(default_testbed.fabric.ports["leaf0"])   # reads work
+        with pytest.raises(OSError) as e:
+            maps.maps["config"].set(0, Config(0, 1))
+        assert e.value.errno == errno.EPERM
+    finally:
+        maps.close()
 
 
 def test_dsack_blocks_counted_from_crafted_acks(default_testbed):

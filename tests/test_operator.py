@@ -104,3 +104,76 @@ def test_live_screen_keeps_log_lines_in_its_panel_and_gives_stderr_back():
         assert any("alert loss on leaf2->spine1" in line for line in screen.lines)
         assert all(h not in root.handlers for h in before)
     assert root.handlers == before
+
+
+def test_metrics_scrapes_during_pulses_see_consistent_state(tmp_path):
+    """A scrape loop beside a poll loop that judges pulses as fast as they come (a faulty leaf, so
+    alerts open and incidents form while scrapes read them): no scrape fails, none sees a pulse half
+    judged (an alert open in the detector that the agent has not counted yet; the judge is slowed
+    down there so that an unlocked scrape would), and the pulse count never goes back."""
+    import threading
+
+    import numpy as np
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.daemon import AgentOptions, SwitchAgent, make_tracker, run_agents
+    from agent.deployment import Deployment
+    from agent.detector import DetectorConfig
+    from agent.metrics import AgentCollector
+    from netns_testbed.topo import SprayMode
+    from tests.synthetic import FABRIC, leaf_pulses
+
+    stream = leaf_pulses(SprayMode.RRDST, 1.0, 40_000, 400, np.random.default_rng(5), fault=(1, 0.02, 100))
+
+    class Reader:
+        resyncs = 0
+
+        def __init__(self):
+            self.it = iter(stream)
+
+        def poll(self):
+            return next(self.it, None)
+
+        def close(self):
+            pass
+
+    dep = Deployment(name="synthetic", fabric=FABRIC, spray=SprayMode.RRDST, weights={}, out_of_service=(),
+                     degraded=(), state_dir=tmp_path / "state", verdict_dir=tmp_path / "verdicts",
+                     reload=lambda: dep)
+    agent = SwitchAgent(dep, "leaf0", AgentOptions(cfg=DetectorConfig(), persist=False), Reader())
+    judge = agent.detector.observe
+
+    def slow_judge(pc):            # widen the moment between the detector's change and the agent's count
+        events = judge(pc)
+        if events:
+            time.sleep(0.05)
+        return events
+
+    agent.detector.observe = slow_judge
+    tracker = make_tracker([agent], reporter="test")
+    reg = CollectorRegistry()
+    reg.register(AgentCollector([agent], tracker))
+    stop = threading.Event()
+    loop = threading.Thread(target=run_agents, args=([agent], stop, 0.0), kwargs={"tracker": tracker})
+    loop.start()
+    seen, errors, torn = [], [], 0
+    try:
+        while loop.is_alive() and agent.pulses < len(stream):
+            try:
+                text = generate_latest(reg).decode()
+            except Exception as e:           # noqa: BLE001 - any failure of a scrape is the finding
+                errors.append(repr(e))
+                break
+            value = {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+                     if l and not l.startswith("#")}
+            seen.append(next(v for k, v in value.items() if k.startswith("flowpulse_pulses")))
+            open_alerts = sum(v for k, v in value.items() if k.startswith("flowpulse_alert_active{"))
+            counted = sum(v for k, v in value.items() if k.startswith("flowpulse_alerts_total{"))
+            torn += open_alerts > counted      # an open alert the agent has not counted yet: half a pulse
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    assert not errors, errors
+    assert torn == 0, f"{torn} scrapes saw a pulse half judged"
+    assert len(seen) > 20 and seen == sorted(seen)
+    assert agent.pulses == len(stream) and agent.alerts_total.get("loss", 0) >= 1
