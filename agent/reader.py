@@ -43,6 +43,12 @@ class PulseReader:
     ``identity()`` (changes when the maps are replaced, e.g. by a reload; None if they cannot be)
     and ``close()``: the testbed's pinned maps (:func:`testbed_reader`) or the counting program a
     site agent loaded itself (``agent.counting``).
+
+    The pulse numbers it gives (``PulseCounts.pulse``) are 64-bit and never go back: the kernel's
+    id is 24 bits (it shares one atomic word with the last packet's time), and the reader unwraps
+    it, adding each read's pulses modulo 2^24 (a wrap is missed only if 2^24 pulses pass between two
+    polls: nine days at 20 pulses a second), and carries on from its last number when the maps are
+    replaced or reset.
     """
 
     def __init__(self, switch: str, gap_ms: float, open_maps: Callable[[], object], margin_ms: float = 5.0) -> None:
@@ -54,6 +60,7 @@ class PulseReader:
         self.snap: np.ndarray | None = None
         self.snap_dup: np.ndarray | None = None
         self.snap_pid = 0
+        self.pulse_no: int | None = None     # the 64-bit pulse number of the last snapshot
         self.resyncs = 0
         self.reads = 0
         self._open()
@@ -95,6 +102,8 @@ class PulseReader:
             return None  # a packet arrived while copying: try again at the next poll
         if self.snap is None or self.snap.shape != counters.shape or self.snap_dup.shape != dups.shape:
             self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
+            if self.pulse_no is None:
+                self.pulse_no = pid           # first baseline: the kernel's count so far
             return None
         delta, dup = counters - self.snap, dups - self.snap_dup
         if (delta < 0).any() or (dup < 0).any():
@@ -104,10 +113,11 @@ class PulseReader:
             return None
         merged = (pid - self.snap_pid) % PULSE_ID_MOD   # the kernel's id wraps (24 bits beside the time)
         self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
+        self.pulse_no += merged
         pkts = delta[..., 0]
         ip = pkts[:, :, :, IP_KINDS].sum(axis=3)
         bad = pkts[:, :, :, BAD_KIND].sum(axis=2)
-        return PulseCounts(self.switch, pid, ip, bad, start_ns=start_ns, end_ns=last_ns,
+        return PulseCounts(self.switch, self.pulse_no, ip, bad, start_ns=start_ns, end_ns=last_ns,
                            start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged,
                            data=pkts[:, :, :, DATA_KIND].copy(), dup=dup)
 

@@ -134,3 +134,22 @@ def test_pulse_id_wrap_neither_skips_the_idle_check_nor_counts_backwards():
     m.last -= int(100e6)                  # now idle
     pc = r.poll()
     assert pc is not None and pc.merged == 1 and pc.ip[0, 0, 1] == 300
+    assert pc.pulse == 1 << 24            # the reader's number goes on past the kernel's 24 bits
+
+
+def test_pulse_numbers_never_go_back_across_a_reset():
+    m = FakeMaps()
+    r = reader_with(m)
+    traffic(m, 10)
+    r.poll()                               # baseline at kernel id 1
+    numbers = []
+    for _ in range(3):
+        traffic(m, 100)
+        numbers.append(r.poll().pulse)
+    m.c[:] = 0                             # the maps were replaced (a reload): counters and id restart
+    m.pid = 0
+    assert r.poll() is None and r.resyncs == 1
+    for _ in range(2):
+        traffic(m, 100)
+        numbers.append(r.poll().pulse)
+    assert numbers == [2, 3, 4, 5, 6], numbers
