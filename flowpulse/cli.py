@@ -117,8 +117,16 @@ _MAIN_PID = os.getpid()
 def main(argv: list[str] | None = None) -> int:
     global _MAIN_PID
     _MAIN_PID = os.getpid()
-    for sig in (signal.SIGTERM, signal.SIGHUP):     # the agent installs its own (a clean stop, exit 143)
-        signal.signal(sig, _terminate)
+    # the agent installs its own (a clean stop, exit 143); a caller's handlers come back at the end
+    saved = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose if hasattr(args, "verbose") else 0, 2)

@@ -81,8 +81,16 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
     require_root()
     if not NETNS_RUN_DIR.parent.exists():
         raise EnvironmentProblem("/var/run is missing: cannot name network namespaces")
+    if opts.datapath:
+        dp.load_bcc()
+        dp.check_headers()
     with prefix_lock(prefix, wait_s=0):
-        return _up_locked(prefix, spec, fabric, opts, progress)
+        try:
+            return _up_locked(prefix, spec, fabric, opts, progress)
+        except BaseException:
+            if prefix not in list_testbeds():      # nothing of it exists (refused, or removed again)
+                remove_prefix_lock(prefix)
+            raise
 
 
 def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
@@ -90,9 +98,6 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
     existing = list_testbeds().get(prefix)
     if existing is not None:
         raise StateError(f"a testbed with prefix {prefix!r} already exists: run `flowpulse fabric down --prefix {prefix}` or pick another --prefix")
-    if opts.datapath:
-        dp.load_bcc()
-        dp.check_headers()
     say = progress or log.info
     t0 = time.monotonic()
     state = TestbedState(prefix=prefix, fabric=spec.to_dict(), spray=opts.spray, gap_ms=opts.gap_ms,
