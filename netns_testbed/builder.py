@@ -117,8 +117,7 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
         write_state(state)
     except BaseException:
         log.error("build of testbed %r failed; removing what was built", prefix)
-        _down_locked(prefix)
-        remove_prefix_lock(prefix)
+        _down_locked(prefix)      # (up's own handler then removes the lock file: nothing is left)
         raise
     say(f"testbed {prefix!r} is up ({time.monotonic() - t0:.1f} s)")
     return Testbed(state)
