@@ -40,7 +40,7 @@ def shape(site: Site) -> dp.SwitchShape:
 
 def cflags(site: Site) -> list[str]:
     sh = shape(site)
-    return [f"-I{dp.BPF_DIR}", f"-DNPORTS={sh.nports}", f"-DNSRC={sh.nsrc}"]
+    return [f"-I{dp.BPF_DIR}", f"-DNPORTS={sh.nports}", f"-DNSRC={sh.nsrc}", f"-DFP_RING={sh.ring}"]
 
 
 def program_text(site: Site) -> str:
@@ -65,13 +65,10 @@ class CountMaps(dp.CounterMaps):
     """The loaded program's counter and pulse maps, read through copies of its descriptors."""
 
     def __init__(self, bpf_obj, site: Site) -> None:
-        sh = shape(site)
+        sh = self.shape = shape(site)
         self.nports, self.nsrc = sh.nports, sh.nsrc
-        self.maps = {
-            "counters": PinnedArray("counters", dp.Counter, sh.ncounters, percpu=True, fd=bpf_obj[b"counters"].map_fd),
-            "dup": PinnedArray("dup", dp.Counter, sh.nports * 2, percpu=True, fd=bpf_obj[b"dup"].map_fd),
-            "pulse": PinnedArray("pulse", dp.U64, 2, fd=bpf_obj[b"pulse"].map_fd),
-        }
+        self.maps = {name: PinnedArray(name, t, n, pc, fd=bpf_obj[name.encode()].map_fd)
+                     for name, (t, n, pc) in dp.counter_map_entries(sh).items()}
 
     def identity(self) -> None:
         return None  # held by this process: nobody replaces them

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flowpulse.agent")
 AGENT_NICE = -10  # the poller's nice value (needs root)
+MAX_PULSES_PER_STEP = 64   # pulses of one switch read in a row before the loop goes on
 
 
 @dataclass
@@ -139,35 +140,39 @@ class SwitchAgent:
                  self.switch, self.dep.name, self.dep.spray, len(self.dep.out_of_service))
 
     def step(self) -> list[Alert]:
+        """Read the next closed pulse, if any, and run the detector on it. After a pause the
+        kernel still holds the pulses it missed: call it again while :attr:`pulses` grows."""
         t0 = time.perf_counter()
         self.last_poll = time.monotonic()
         pc = self.reader.poll()
-        events: list[Alert] = []
-        if pc is not None:
-            self.pulses += 1
-            self.last_pulse = pc
-            if pc.nports != self.detector.nports:
-                log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
-                self.detector = self._make_detector()
-            events = self.detector.observe(pc)
-            if events or self.pulses % self.opts.save_every == 0:
-                self.save_state()
-            if self.opts.export_verdicts:
-                write_verdicts(self.verdict_dir, self.detector)
-            if self._rec:
-                rec = pc.to_dict()
-                rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
-                self._rec.write(json.dumps(rec) + "\n")
-                self._rec.flush()
-            for ev in events:
-                self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event == "alert")
-                d = ev.to_dict()
-                log.warning("%s %s: port %d (%s) %s link=%s candidates=%s rate=%.4f score=%.2f window=%d",
-                            ev.event, ev.kind, ev.port, ev.ifname, ev.switch, ev.link, ",".join(ev.candidates),
-                            ev.estimated_rate, ev.score, ev.window)
-                for sink in self.sinks:
-                    sink(d)
+        events = self._observe(pc) if pc is not None else []
         self.busy_s += time.perf_counter() - t0
+        return events
+
+    def _observe(self, pc) -> list[Alert]:
+        self.pulses += 1
+        self.last_pulse = pc
+        if pc.nports != self.detector.nports:
+            log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
+            self.detector = self._make_detector()
+        events = self.detector.observe(pc)
+        if events or self.pulses % self.opts.save_every == 0:
+            self.save_state()
+        if self.opts.export_verdicts:
+            write_verdicts(self.verdict_dir, self.detector)
+        if self._rec:
+            rec = pc.to_dict()
+            rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
+            self._rec.write(json.dumps(rec) + "\n")
+            self._rec.flush()
+        for ev in events:
+            self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event == "alert")
+            d = ev.to_dict()
+            log.warning("%s %s: port %d (%s) %s link=%s candidates=%s rate=%.4f score=%.2f window=%d",
+                        ev.event, ev.kind, ev.port, ev.ifname, ev.switch, ev.link, ",".join(ev.candidates),
+                        ev.estimated_rate, ev.score, ev.window)
+            for sink in self.sinks:
+                sink(d)
         return events
 
     def close(self) -> None:
@@ -232,10 +237,10 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
                incident_sinks: list[Callable[[dict], None]] | None = None) -> None:
     """Poll every agent until ``stop`` is set; SIGHUP means "accept the current fabric state".
 
-    The poller must run inside each idle gap between pulses (it copies counters
-    only then), so it raises its own priority: on a box whose cores are busy with
-    the training job, a default-priority poller can sleep through a 150 ms gap and
-    fold two pulses into one record (still exact, but coarser).
+    The kernel keeps the last pulses of each switch (a ring), so a poller that
+    sleeps through several reads them all when it wakes; it still raises its own
+    priority so that alerts come as soon as a pulse closes on a box whose cores are
+    busy with the training job.
 
     Every alert event goes to ``tracker``; its incident events to ``incident_sinks``.
     """
@@ -263,14 +268,17 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
                     a.accept()
         pulsed = False
         for a in agents:
-            n = a.pulses
-            with a.lock:
-                events = a.step()
-            pulsed |= a.pulses != n
-            if tracker is not None:
-                for ev in events:
-                    with tracker.lock:
-                        publish(tracker.feed(ev.to_dict(), now=time.time()))
+            for _ in range(MAX_PULSES_PER_STEP):      # catch up, a pulse per lock hold (scrapes get in between)
+                n = a.pulses
+                with a.lock:
+                    events = a.step()
+                if tracker is not None:
+                    for ev in events:
+                        with tracker.lock:
+                            publish(tracker.feed(ev.to_dict(), now=time.time()))
+                if a.pulses == n:
+                    break
+                pulsed = True
         if tracker is not None and pulsed and tracker.alerts:
             with tracker.lock:
                 publish(tracker.tick(time.time()))

@@ -45,12 +45,15 @@ class AgentCollector:
                                  labels=["switch", "port", "ifname", "link", "kind"])
         alerts = CounterMetricFamily("flowpulse_alerts", "Alerts raised", labels=["switch", "kind"])
         resync = CounterMetricFamily("flowpulse_reader_resyncs", "Counter resets / reloads survived", labels=["switch"])
+        lost = CounterMetricFamily("flowpulse_pulses_lost", "Pulses the kernel's ring overwrote before the agent "
+                                   "read them (the agent fell a whole ring behind)", labels=["switch"])
         busy = CounterMetricFamily("flowpulse_agent_busy_seconds", "CPU-side time spent polling and judging",
                                    labels=["switch"])
         for a in self.agents:
             with a.lock:      # one pulse's state: the poll loop steps the detector under it
                 self._agent(a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate)
-        yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, busy)
+                lost.add_metric([a.switch], a.reader.lost)
+        yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, lost, busy)
         if self.tracker is not None:
             with self.tracker.lock:
                 fams = self._incidents()
@@ -104,7 +107,8 @@ def health(agents: list[SwitchAgent], now: float | None = None) -> tuple[bool, d
     A switch without traffic is healthy (no pulses is not a fault of the agent)."""
     now = time.monotonic() if now is None else now
     sw = {a.switch: {"pulses": a.pulses, "last_poll_age_s": round(now - a.last_poll, 3),
-                     "open_alerts": len(a.detector.active), "resyncs": a.reader.resyncs} for a in agents}
+                     "open_alerts": len(a.detector.active), "resyncs": a.reader.resyncs,
+                     "pulses_lost": a.reader.lost} for a in agents}
     ok = all(v["last_poll_age_s"] < STALL_S for v in sw.values())
     return ok, {"status": "ok" if ok else "stalled", "switches": sw}
 

@@ -77,6 +77,7 @@ class NetlinkReader:
         self.active = False
         self.pulse_id = 0
         self.resyncs = 0
+        self.lost = 0          # (the eBPF reader's ring; interface statistics have none)
         self.reads = 0
 
     def poll(self) -> PulseCounts | None:

@@ -1,16 +1,18 @@
-"""Cut a switch's cumulative eBPF counters into pulses, exactly.
+"""A switch's pulses, one by one, from the kernel's ring of per-pulse counters.
 
-The kernel program stamps every IPv4 packet and bumps a pulse id after an idle
+The kernel program stamps every IPv4 packet and opens a new pulse after an idle
 gap (``gap_ms``), so pulse boundaries come from the traffic itself with packet
-timing, not from this sampler. The reader only has to copy the cumulative
-counters while the switch is idle: it checks that the pulse state (id and
-last-packet time) is the same before and after the copy, so no packet
-landed in between and the difference of two idle copies is exactly the
-traffic of the pulse(s) between them.
+timing, not from this reader. Each pulse counts into its own ring slot (its
+counters tagged with its id, bpf/switch.h), so the reader copies a pulse whole
+whenever it gets to it: a reader that is late, a busy machine, a poll that
+sleeps through several pulses lose nothing and never merge two pulses, until
+the ring (``datapath.RING`` pulses) has gone round; then the pulses it missed
+are counted as lost and logged as an error.
 
-Robustness: a counter that goes backwards (program reload, map reset) or a
-change of the switch's shape resynchronises without producing a pulse; a pin
-that was replaced (reload) is reopened.
+The open pulse is read once it has been idle for the gap; if a packet lands
+while it is copied (its last-packet time moved) the copy is thrown away and
+taken again at the next poll. Maps that were replaced (a reload) are reopened,
+and an id that goes backwards (a reset) starts again at the current pulse.
 """
 from __future__ import annotations
 
@@ -18,16 +20,14 @@ import logging
 import time
 from typing import Callable
 
-import numpy as np
-
 from agent.pulse import PulseCounts
-from netns_testbed.datapath import KINDS, PULSE_TIME_BITS
+from netns_testbed.datapath import KINDS, PULSE_ID_BITS
 
 log = logging.getLogger("flowpulse.agent.reader")
 IP_KINDS = [KINDS.index(k) for k in ("tcp_data", "tcp_ctrl", "other_ip")]   # IPv4 with a good header
 DATA_KIND = KINDS.index("tcp_data")
 BAD_KIND = KINDS.index("bad_hdr")
-PULSE_ID_MOD = 1 << (64 - PULSE_TIME_BITS)
+PULSE_ID_MOD = 1 << PULSE_ID_BITS
 
 
 def wall_of(mono_ns: int) -> float:
@@ -36,19 +36,16 @@ def wall_of(mono_ns: int) -> float:
 
 
 class PulseReader:
-    """Yields :class:`PulseCounts` of one switch as its pulses close.
+    """Yields :class:`PulseCounts` of one switch, one per kernel pulse, as its pulses close.
 
-    ``open_maps`` returns the switch's counter maps: anything with ``counters()`` (an int64 array
-    [port, dir, src, kind, (pkts, bytes)]), ``pulse_state()`` (id, last packet ns, start ns),
-    ``identity()`` (changes when the maps are replaced, e.g. by a reload; None if they cannot be)
-    and ``close()``: the testbed's pinned maps (:func:`testbed_reader`) or the counting program a
-    site agent loaded itself (``agent.counting``).
+    ``open_maps`` returns the switch's counter maps (a :class:`netns_testbed.datapath.CounterMaps`:
+    ``pulse_state()``, ``read_pulse(id)``, ``ring``, ``identity()`` (changes when the maps are
+    replaced, e.g. by a reload; None if they cannot be) and ``close()``): the testbed's pinned maps
+    (:func:`testbed_reader`) or the counting program a site agent loaded itself (``agent.counting``).
 
     The pulse numbers it gives (``PulseCounts.pulse``) are 64-bit and never go back: the kernel's
-    id is 24 bits (it shares one atomic word with the last packet's time), and the reader unwraps
-    it, adding each read's pulses modulo 2^24 (a wrap is missed only if 2^24 pulses pass between two
-    polls: nine days at 20 pulses a second), and carries on from its last number when the maps are
-    replaced or reset.
+    id is 24 bits (it shares one atomic word with the last packet's time); the reader counts on
+    from the first id it saw, one per pulse given or lost, across wraps, reloads and resets.
     """
 
     def __init__(self, switch: str, gap_ms: float, open_maps: Callable[[], object], margin_ms: float = 5.0) -> None:
@@ -57,12 +54,11 @@ class PulseReader:
         self.open_maps = open_maps
         self.maps = None
         self._pin_ino = None
-        self.snap: np.ndarray | None = None
-        self.snap_dup: np.ndarray | None = None
-        self.snap_pid = 0
-        self.pulse_no: int | None = None     # the 64-bit pulse number of the last snapshot
+        self.next_id: int | None = None     # the kernel's id of the next pulse to give
+        self.pulse_no: int | None = None    # the 64-bit number that pulse will carry
         self.resyncs = 0
         self.reads = 0
+        self.lost = 0                       # pulses the ring overwrote before this reader got to them
         self._open()
 
     def _pin_identity(self):
@@ -73,15 +69,23 @@ class PulseReader:
             self.maps.close()
         self.maps = self.open_maps()
         self._pin_ino = self._pin_identity()
-        self.snap = None
+        self.next_id = None
 
     def close(self) -> None:
         if self.maps is not None:
             self.maps.close()
             self.maps = None
 
+    def _skip(self, n: int, why: str) -> None:
+        log.error("%s: %d pulse(s) lost: %s (the kernel keeps %d; poll more often or give the agent "
+                  "more CPU)", self.switch, n, why, self.maps.ring)
+        self.lost += n
+        self.pulse_no += n
+        self.next_id = (self.next_id + n) % PULSE_ID_MOD
+
     def poll(self) -> PulseCounts | None:
-        """Return a pulse if one closed since the last call, else None. Cheap when idle."""
+        """The next closed pulse not given yet, else None. Cheap when idle; call it until it
+        returns None to catch up after a pause."""
         assert self.maps is not None
         try:
             if self._pin_identity() != self._pin_ino:
@@ -91,35 +95,46 @@ class PulseReader:
         except FileNotFoundError:
             raise RuntimeError(f"{self.switch}: the datapath's maps are gone (testbed down?)") from None
         pid, last_ns, start_ns = self.maps.pulse_state()
-        if self.snap is not None and pid == self.snap_pid:
+        if pid == 0 and last_ns == 0:         # no IPv4 packet yet: the first pulse will be id 1
+            if self.next_id is None:
+                self.next_id = 1
+                self.pulse_no = 1 if self.pulse_no is None else self.pulse_no
             return None
-        if time.monotonic_ns() - last_ns < self.gap_ns and (pid != 0 or last_ns != 0):
-            return None  # mid-pulse: wait for the idle gap (id 0 and time 0: no packet yet)
-        counters = self.maps.counters()
-        dups = self.maps.dups()
-        self.reads += 1
-        if self.maps.pulse_state()[:2] != (pid, last_ns):
-            return None  # a packet arrived while copying: try again at the next poll
-        if self.snap is None or self.snap.shape != counters.shape or self.snap_dup.shape != dups.shape:
-            self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
+        if self.next_id is None:
+            self.next_id = pid                # the pulse under way (or just over) is whole in its slot
             if self.pulse_no is None:
-                self.pulse_no = pid           # first baseline: the kernel's count so far
-            return None
-        delta, dup = counters - self.snap, dups - self.snap_dup
-        if (delta < 0).any() or (dup < 0).any():
-            log.warning("%s: counters went backwards (reset): resynchronising", self.switch)
+                self.pulse_no = pid
+        pending = (pid + 1 - self.next_id) % PULSE_ID_MOD    # pulses not given yet, the current one included
+        if pending == 0:
+            return None                       # every pulse so far given; the next has not begun
+        if pending > PULSE_ID_MOD // 2:
+            log.warning("%s: the kernel's pulse id went back (maps reset): resynchronising", self.switch)
             self.resyncs += 1
-            self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
+            self.next_id, pending = pid, 1
+        ahead = pending - 1                   # closed pulses before the current one
+        if ahead >= self.maps.ring:
+            self._skip(ahead - self.maps.ring + 1, f"the reader was {ahead} pulses behind")
+            ahead = self.maps.ring - 1
+        if ahead == 0 and time.monotonic_ns() - last_ns < self.gap_ns:
+            return None                       # the current pulse is still open
+        got = self.maps.read_pulse(self.next_id)
+        self.reads += 1
+        pid2, last2, _ = self.maps.pulse_state()
+        if ahead == 0 and pid2 == pid and last2 != last_ns:
+            return None                       # a packet extended the pulse during the copy: again later
+        if got.overwritten or (pid2 - self.next_id) % PULSE_ID_MOD >= self.maps.ring:
+            self._skip(1, "its ring slot was reused while it was copied")
             return None
-        merged = (pid - self.snap_pid) % PULSE_ID_MOD   # the kernel's id wraps (24 bits beside the time)
-        self.snap, self.snap_dup, self.snap_pid = counters, dups, pid
-        self.pulse_no += merged
-        pkts = delta[..., 0]
-        ip = pkts[:, :, :, IP_KINDS].sum(axis=3)
-        bad = pkts[:, :, :, BAD_KIND].sum(axis=2)
-        return PulseCounts(self.switch, self.pulse_no, ip, bad, start_ns=start_ns, end_ns=last_ns,
-                           start_time=wall_of(start_ns), end_time=wall_of(last_ns), merged=merged,
-                           data=pkts[:, :, :, DATA_KIND].copy(), dup=dup)
+        start = got.start_ns or (start_ns if ahead == 0 else 0)
+        end = got.end_ns or (last_ns if ahead == 0 else start)
+        pkts = got.counts
+        pc = PulseCounts(self.switch, self.pulse_no, pkts[:, :, :, IP_KINDS].sum(axis=3),
+                         pkts[:, :, :, BAD_KIND].sum(axis=2), start_ns=start, end_ns=end,
+                         start_time=wall_of(start), end_time=wall_of(end), merged=1,
+                         data=pkts[:, :, :, DATA_KIND].copy(), dup=got.dups)
+        self.pulse_no += 1
+        self.next_id = (self.next_id + 1) % PULSE_ID_MOD
+        return pc
 
 
 def testbed_reader(tb, switch: str) -> PulseReader:

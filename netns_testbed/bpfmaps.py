@@ -11,11 +11,36 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import platform
 from functools import lru_cache
 
-_SYS_BPF = 321  # x86_64
+import numpy as np
+
+# bpf(2)'s number differs per architecture (arch/*/include/uapi/asm/unistd*.h, syscall.tbl)
+SYS_BPF_BY_MACHINE = {"x86_64": 321, "amd64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280,
+                      "loongarch64": 280, "ppc64le": 361, "ppc64": 361, "s390x": 351,
+                      "i386": 357, "i686": 357, "armv7l": 386, "armv6l": 386, "mips64": 5315}
+
+
+def sys_bpf_number(machine: str | None = None) -> int:
+    """The bpf(2) system call's number on this machine's architecture."""
+    m = machine or platform.machine()
+    try:
+        return SYS_BPF_BY_MACHINE[m]
+    except KeyError:
+        from netns_testbed.errors import EnvironmentProblem
+        raise EnvironmentProblem(f"no bpf(2) syscall number known for architecture {m!r}: add it to "
+                                 "SYS_BPF_BY_MACHINE in netns_testbed/bpfmaps.py") from None
+
+
+@lru_cache(maxsize=1)
+def _sys_bpf() -> int:
+    return sys_bpf_number()
+
+
 BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_MAP_LOOKUP_BATCH = 24
@@ -42,7 +67,7 @@ class _BatchAttr(ct.Structure):
 
 
 def _bpf(cmd: int, attr: ct.Structure) -> int:
-    ret = _libc.syscall(_SYS_BPF, cmd, ct.byref(attr), ct.sizeof(attr))
+    ret = _libc.syscall(_sys_bpf(), cmd, ct.byref(attr), ct.sizeof(attr))
     if ret < 0:
         err = ct.get_errno()
         raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
@@ -109,26 +134,51 @@ class PinnedArray:
         return (ct.c_char * (self._stride * self.ncpu * n))()
 
     def _values(self, buf: ct.Array, n: int) -> list:
-        """Per-CPU values are summed field by field (counters) into one structure."""
-        out = []
-        for i in range(n):
-            base = i * self._stride * self.ncpu
-            if not self.percpu:
-                out.append(self.value_type.from_buffer_copy(buf, base))
-                continue
-            total = self.value_type()
-            for c in range(self.ncpu):
-                v = self.value_type.from_buffer_copy(buf, base + c * self._stride)
-                for name, _ in self.value_type._fields_:
-                    setattr(total, name, getattr(total, name) + getattr(v, name))
-            out.append(total)
+        """Elements as ``value_type`` structures, per-CPU values summed field by field."""
+        if not self.percpu:
+            return [self.value_type.from_buffer_copy(buf, i * self._stride) for i in range(n)]
+        summed = self._summed(buf, n)
+        return [self.value_type.from_buffer_copy(summed, i * ct.sizeof(self.value_type)) for i in range(n)]
+
+    def _summed(self, buf: ct.Array, n: int) -> np.ndarray:
+        """Per-CPU values summed over the CPUs in numpy: a structured array of ``n`` elements.
+        Every field of a per-CPU value FlowPulse keeps is an unsigned counter (wrapping sums)."""
+        dt = _dtype(self.value_type)
+        raw = np.frombuffer(buf, dtype=np.uint8, count=n * self.ncpu * self._stride)
+        per_cpu = raw.reshape(n, self.ncpu, self._stride)[:, :, :dt.itemsize].copy().view(dt)[..., 0]
+        out = np.zeros(n, dtype=dt)
+        for name in dt.names:
+            out[name] = per_cpu[name].sum(axis=1, dtype=dt[name])
         return out
+
+    def get_all_array(self) -> np.ndarray:
+        """All elements in one batch syscall as a numpy structured array (per-CPU values summed):
+        the fast read of counters (no Python object per element or per CPU)."""
+        buf = self._batch()
+        if self.percpu:
+            return self._summed(buf, self.entries)
+        return np.frombuffer(buf, dtype=_dtype(self.value_type), count=self.entries).copy()
+
+    def get_range_per_cpu(self, first: int, n: int) -> np.ndarray:
+        """Elements ``first`` .. ``first + n - 1`` of a per-CPU map, each CPU's value apart: a
+        structured array [n, ncpu] (one batch syscall)."""
+        buf = self._batch(first, n)
+        dt = _dtype(self.value_type)
+        if dt.itemsize == self._stride:            # no padding between CPUs' values: view it as it is
+            return np.frombuffer(buf, dtype=dt, count=n * self.ncpu).reshape(n, self.ncpu)
+        raw = np.frombuffer(buf, dtype=np.uint8, count=n * self.ncpu * self._stride)
+        return raw.reshape(n, self.ncpu, self._stride)[:, :, :dt.itemsize].copy().view(dt)[..., 0]
 
     def get(self, index: int):
         key = ct.c_uint32(index)
         buf = self._buf(1)
         _bpf(BPF_MAP_LOOKUP_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(buf)))
         return self._values(buf, 1)[0]
+
+    def _update_raw(self, index: int, raw: ct.Array) -> None:
+        """Write one element from a buffer laid out as the kernel wants it (each CPU's value)."""
+        key = ct.c_uint32(index)
+        _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(raw)))
 
     def set(self, index: int, value: ct.Structure) -> None:
         """Write one element (on a per-CPU map, the same value on every CPU)."""
@@ -139,34 +189,70 @@ class PinnedArray:
             ct.memmove(ct.addressof(buf) + c * self._stride, raw, len(raw))
         _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(buf)))
 
-    def get_all(self) -> list:
-        """All elements in one batch syscall (per-CPU values summed)."""
-        n = self.entries
+    def _batch(self, first: int = 0, n: int | None = None) -> ct.Array:
+        """The raw values (all CPUs) of elements ``first`` .. ``first + n - 1`` (default: all) in one
+        BPF_MAP_LOOKUP_BATCH (the kernel starts after the key given as in_batch)."""
+        n = self.entries - first if n is None else n
+        if first < 0 or n <= 0 or first + n > self.entries:
+            raise ValueError(f"elements {first}..{first + n - 1} are not in {self.path} ({self.entries} entries)")
         keys = (ct.c_uint32 * n)()
         buf = self._buf(n)
         out_batch = ct.c_uint32(0)
-        attr = _BatchAttr(in_batch=0, out_batch=ct.addressof(out_batch), keys=ct.addressof(keys),
-                          values=ct.addressof(buf), count=n, map_fd=self.fd)
+        prev = ct.c_uint32(first - 1)
+        attr = _BatchAttr(in_batch=ct.addressof(prev) if first else 0, out_batch=ct.addressof(out_batch),
+                          keys=ct.addressof(keys), values=ct.addressof(buf), count=n, map_fd=self.fd)
         try:
             _bpf(BPF_MAP_LOOKUP_BATCH, attr)
         except OSError as e:
             if e.errno != errno.ENOENT:  # ENOENT: the batch reached the end, values are filled
                 raise
-        if attr.count != n:
-            raise OSError(errno.EIO, f"batch read of {self.path} returned {attr.count} of {n} entries")
-        return self._values(buf, n)
+        if attr.count != n or keys[0] != first:
+            raise OSError(errno.EIO, f"batch read of {self.path} returned {attr.count} of {n} entries from {keys[0]}")
+        return buf
+
+    def get_all(self) -> list:
+        """All elements in one batch syscall (per-CPU values summed)."""
+        return self._values(self._batch(), self.entries)
+
+
+_CT_TO_NP = {ct.c_uint8: np.uint8, ct.c_uint16: np.uint16, ct.c_uint32: np.uint32, ct.c_uint64: np.uint64,
+             ct.c_int32: np.int32, ct.c_int64: np.int64}
+
+
+@lru_cache(maxsize=None)
+def _dtype(value_type: type) -> np.dtype:
+    """The numpy dtype of a ctypes structure of integer fields (and arrays of them), same layout."""
+    names, formats, offsets = [], [], []
+    for name, t in value_type._fields_:
+        f = getattr(value_type, name)
+        if issubclass(t, ct.Array):
+            fmt = (_CT_TO_NP[t._type_], t._length_)
+        else:
+            fmt = _CT_TO_NP[t]
+        names.append(name)
+        formats.append(fmt)
+        offsets.append(f.offset)
+    dt = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": ct.sizeof(value_type)})
+    return dt
 
 
 class PinnedHash:
     """A pinned BPF hash map with u32 keys and u32 values (ifindex -> port)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, fd: int | None = None) -> None:
+        if fd is not None:
+            self.fd = os.dup(fd)
+            return
         p = ct.create_string_buffer(path.encode())
         self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
 
     def set(self, key: int, value: int) -> None:
         k, v = ct.c_uint32(key), ct.c_uint32(value)
         _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(k), value=ct.addressof(v)))
+
+    def delete(self, key: int) -> None:
+        k = ct.c_uint32(key)
+        _bpf(BPF_MAP_DELETE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(k)))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -213,3 +299,26 @@ def loaded_programs() -> dict[int, str]:
             names[cur] = bytes(info[64:80]).split(b"\0")[0].decode(errors="replace")
         finally:
             os.close(fd)
+
+
+BPF_PROG_TEST_RUN = 10
+
+
+class _TestRunAttr(ct.Structure):
+    _fields_ = [("prog_fd", ct.c_uint32), ("retval", ct.c_uint32), ("data_size_in", ct.c_uint32),
+                ("data_size_out", ct.c_uint32), ("data_in", ct.c_uint64), ("data_out", ct.c_uint64),
+                ("repeat", ct.c_uint32), ("duration", ct.c_uint32), ("ctx_size_in", ct.c_uint32),
+                ("ctx_size_out", ct.c_uint32), ("ctx_in", ct.c_uint64), ("ctx_out", ct.c_uint64),
+                ("flags", ct.c_uint32), ("cpu", ct.c_uint32), ("batch_size", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, bytes]:
+    """Run a loaded tc program on ``frame`` (Ethernet onwards) in the kernel, without attaching it
+    (BPF_PROG_TEST_RUN): ``repeat`` runs on the same buffer; returns the last run's verdict and the
+    frame as the program left it. The packet's device is this namespace's loopback (ifindex 1)."""
+    data_in = ct.create_string_buffer(frame, len(frame))
+    data_out = ct.create_string_buffer(len(frame) + 256)
+    attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(frame), data_size_out=len(data_out),
+                        data_in=ct.addressof(data_in), data_out=ct.addressof(data_out), repeat=repeat)
+    _bpf(BPF_PROG_TEST_RUN, attr)
+    return ct.c_int32(attr.retval).value, data_out.raw[:attr.data_size_out]

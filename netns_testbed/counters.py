@@ -11,7 +11,7 @@ def port_rows(tb: Testbed, switches: list[str] | None = None) -> list[dict]:
     for sw in switches or tb.fabric.switches:
         m = tb.maps(sw)
         try:
-            c = m.counters()
+            c = m.totals()
         finally:
             m.close()
         for p in tb.fabric.ports[sw]:
@@ -19,8 +19,8 @@ def port_rows(tb: Testbed, switches: list[str] | None = None) -> list[dict]:
                 cell = c[p.index, d]
                 row = {"switch": sw, "port": p.index, "ifname": p.ifname, "dir": dname,
                        "link": tb.fabric.link_of_port(sw, p.index, dname).name,
-                       "pkts": int(cell[..., 0].sum()), "bytes": int(cell[..., 1].sum())}
+                       "pkts": int(cell[:, 0].sum()), "bytes": int(cell[:, 1].sum())}
                 for k, kname in enumerate(KINDS):
-                    row[kname] = int(cell[:, k, 0].sum())
+                    row[kname] = int(cell[k, 0])
                 rows.append(row)
     return rows

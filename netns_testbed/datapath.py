@@ -42,12 +42,26 @@ PULSE_UNIT_SHIFT = 20
 PULSE_UNIT_NS = 1 << PULSE_UNIT_SHIFT
 HOOKS = {"ingress": 0, "egress": 1}
 MAX_PREFIXES = 1024
-PIN_NAMES = ("counters", "dup", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
+RING = 16                 # pulses each switch keeps per counter (ring slots; -DFP_RING)
+PULSE_ID_BITS = 64 - 40   # the kernel's pulse id shares a word with the last packet's 40-bit time
+PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
              "faults", "fault_stats", "spray_stats")
 
 
 class Counter(ct.Structure):
     _fields_ = [("pkts", ct.c_uint64), ("bytes", ct.c_uint64)]
+
+
+class Count(ct.Structure):
+    _fields_ = [("pulse", ct.c_uint32), ("pkts", ct.c_uint32 * NKIND)]
+
+
+class Dup(ct.Structure):
+    _fields_ = [("pulse", ct.c_uint64), ("segs", ct.c_uint64), ("bytes", ct.c_uint64)]
+
+
+class PulseRec(ct.Structure):
+    _fields_ = [("pulse", ct.c_uint64), ("start_ns", ct.c_uint64), ("end_ns", ct.c_uint64)]
 
 
 class Config(ct.Structure):
@@ -82,7 +96,9 @@ class U32(ct.Structure):
 
 
 # What bpf/switch.h says, as Python sees it: compiled into the program as assertions (netns_testbed.contract)
-C_STRUCTS: dict[str, type[ct.Structure]] = {"fp_counter": Counter, "fp_config": Config, "fp_spray": Spray,
+C_STRUCTS: dict[str, type[ct.Structure]] = {"fp_counter": Counter, "fp_count": Count, "fp_dup": Dup,
+                                            "fp_pulse_rec": PulseRec,
+                                            "fp_config": Config, "fp_spray": Spray,
                                             "fp_fault": Fault, "fp_fault_stats": FaultStats,
                                             "fp_prefix_key": PrefixKey}
 C_CONSTANTS: dict[str, int] = {
@@ -109,6 +125,7 @@ class SwitchShape:
     is_leaf: bool
     leaf_id: int
     nuplinks: int
+    ring: int = RING
 
     @property
     def nsrc(self) -> int:
@@ -117,7 +134,8 @@ class SwitchShape:
 
     @property
     def ncounters(self) -> int:
-        return self.nports * 2 * self.nsrc * NKIND
+        """Ring elements of one pulse (one per port, direction and source class)."""
+        return self.nports * 2 * self.nsrc
 
     @classmethod
     def of(cls, fabric: Fabric, switch: str) -> "SwitchShape":
@@ -128,17 +146,26 @@ class SwitchShape:
     def cflags(self) -> list[str]:
         return [f"-I{BPF_DIR}", f"-DNPORTS={self.nports}", f"-DNLEAVES={self.nleaves}",
                 f"-DNSRC={self.nsrc}", f"-DIS_LEAF={int(self.is_leaf)}", f"-DLEAF_ID={self.leaf_id}",
-                f"-DNUPLINKS={max(self.nuplinks, 1)}"]
+                f"-DNUPLINKS={max(self.nuplinks, 1)}", f"-DFP_RING={self.ring}"]
+
+
+def counter_map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
+    """Value type, size and per-CPU flag of the maps every FlowPulse program keeps (bpf/packet.h)."""
+    return {
+        "counters": (Count, shape.ring * shape.ncounters, True),
+        "dup": (Dup, shape.ring * shape.nports * 2, True),
+        "totals": (Counter, shape.nports * 2 * NKIND, True),
+        "pulse": (U64, 2, False),
+        "pulses": (PulseRec, shape.ring, False),
+    }
 
 
 def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
     """Value type, size and per-CPU flag of each pinned array (mirrors switch.c)."""
     return {
-        "counters": (Counter, shape.ncounters, True),
-        "dup": (Counter, shape.nports * 2, True),
+        **counter_map_entries(shape),
         "port_ifindex": (U32, shape.nports, False),
         "config": (Config, 1, False),
-        "pulse": (U64, 2, False),
         "spray": (Spray, shape.nleaves, False),
         "rotation": (U32, shape.nleaves + 1, True),
         "faults": (Fault, shape.nports * 2, False),
@@ -149,8 +176,8 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
 
 def contract_asserts(shape: SwitchShape) -> str:
     """The assertions compiled with the program: the mirrors, and this switch's map sizes."""
-    return static_asserts(C_STRUCTS, {**C_CONSTANTS, "NSRC": shape.nsrc,
-                                      "NPORTS * 2 * NSRC * FP_NKIND": shape.ncounters})
+    return static_asserts(C_STRUCTS, {**C_CONSTANTS, "NSRC": shape.nsrc, "FP_RING": shape.ring,
+                                      "NPORTS * 2 * NSRC": shape.ncounters})
 
 
 def program_text(shape: SwitchShape) -> str:
@@ -245,14 +272,27 @@ def pin_maps(bpf_obj, directory: Path) -> None:
         obj_pin(bpf_obj[name.encode()].map_fd, str(directory / name))
 
 
+@dataclass
+class PulseSlot:
+    """One pulse as the kernel's ring holds it (:meth:`CounterMaps.read_pulse`)."""
+
+    pulse: int               # the kernel's 24-bit id
+    counts: np.ndarray       # int64 packets [port, dir, src, kind]
+    dups: np.ndarray         # int64 [port, dir, (D-SACKed segments, bytes they report)]
+    start_ns: int            # first IPv4 packet (monotonic ns); 0 if the slot's record is gone
+    end_ns: int              # last IPv4 packet's time unit; 0 while the pulse is open
+    overwritten: bool        # a later pulse has started to reuse the slot: counts are incomplete
+
+
 class CounterMaps:
     """Reading the counters and the pulse clock that every FlowPulse program keeps (bpf/packet.h).
 
-    Subclasses open ``self.maps`` (name -> PinnedArray) with at least ``counters``, ``dup`` and
-    ``pulse``, and set ``self.nports`` and ``self.nsrc``.
+    Subclasses open ``self.maps`` (name -> PinnedArray) with at least :func:`counter_map_entries`,
+    and set ``self.shape``, ``self.nports`` and ``self.nsrc``.
     """
 
     maps: dict[str, PinnedArray]
+    shape: SwitchShape
     nports: int
     nsrc: int
 
@@ -260,23 +300,62 @@ class CounterMaps:
         for m in self.maps.values():
             m.close()
 
-    def counters(self) -> np.ndarray:
-        """Cumulative counters as an int64 array [port, dir, src, kind, (pkts, bytes)]."""
-        vals = self.maps["counters"].get_all()
-        arr = np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64)
-        return arr.reshape(self.nports, 2, self.nsrc, NKIND, 2)
+    @property
+    def ring(self) -> int:
+        return self.shape.ring
 
-    def dups(self) -> np.ndarray:
-        """Cumulative D-SACK counters as an int64 array [port, dir, (segments carrying one, bytes
-        they report)]: what the hosts behind a port say they received twice (bpf/packet.h)."""
-        vals = self.maps["dup"].get_all()
-        return np.array([(v.pkts, v.bytes) for v in vals], dtype=np.int64).reshape(self.nports, 2, 2)
+    def totals(self) -> np.ndarray:
+        """Cumulative counts since the program loaded: int64 [port, dir, kind, (pkts, bytes)]."""
+        return _pkts_bytes(self.maps["totals"].get_all_array()).reshape(self.nports, 2, NKIND, 2)
 
     def pulse_state(self) -> tuple[int, int, int]:
-        """(pulse id, last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""
+        """(pulse id (24 bits), last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""
         packed = self.maps["pulse"].get(0).v
         start = self.maps["pulse"].get(1).v
         return packed >> PULSE_TIME_BITS, (packed & ((1 << PULSE_TIME_BITS) - 1)) * PULSE_UNIT_NS, start
+
+    def read_pulse(self, pulse: int) -> PulseSlot:
+        """The counts of kernel pulse ``pulse`` (24-bit id) from its ring slot: per element and CPU,
+        only the values tagged with that pulse (older tags are elements the pulse never touched)."""
+        slot = pulse % self.ring
+        n, nd = self.shape.ncounters, self.nports * 2
+        counts, newer = sum_pulse(self.maps["counters"].get_range_per_cpu(slot * n, n), pulse)
+        dcpu = self.maps["dup"].get_range_per_cpu(slot * nd, nd)
+        dmine, dnewer = _tags(dcpu["pulse"], pulse)
+        dups = np.stack([np.where(dmine, dcpu[f], 0).sum(axis=1, dtype=np.int64) for f in ("segs", "bytes")], -1)
+        rec = self.maps["pulses"].get(slot)
+        ours = rec.pulse == pulse
+        return PulseSlot(pulse, counts.reshape(self.nports, 2, self.nsrc, NKIND), dups.reshape(self.nports, 2, 2),
+                         rec.start_ns if ours else 0, rec.end_ns if ours else 0,
+                         newer or dnewer or (not ours and _is_newer(rec.pulse, pulse)))
+
+
+def sum_pulse(per_cpu: np.ndarray, pulse: int) -> tuple[np.ndarray, bool]:
+    """fp_count values [element, cpu] summed over the CPUs that hold ``pulse``: int64 [element, kind];
+    and whether any value already belongs to a later pulse."""
+    mine, newer = _tags(per_cpu["pulse"], pulse)
+    # a batched matrix product [1, cpu] x [cpu, kind] per element, in float64 (BLAS; exact below 2^53)
+    summed = np.matmul(mine.astype(np.float64)[:, None, :], per_cpu["pkts"].astype(np.float64))
+    return summed.reshape(len(per_cpu), -1).astype(np.int64), newer
+
+
+def _is_newer(tag: int, pulse: int) -> bool:
+    """Is 24-bit pulse id ``tag`` later than ``pulse`` (modulo the wrap)?"""
+    d = (int(tag) - pulse) % (1 << PULSE_ID_BITS)
+    return 0 < d < (1 << (PULSE_ID_BITS - 1))
+
+
+def _tags(tags: np.ndarray, pulse: int) -> tuple[np.ndarray, bool]:
+    """Which values [element, cpu] belong to ``pulse``, and whether any already holds a later one
+    (the slot was reused: the pulse's counts are incomplete)."""
+    tags = tags.astype(np.int64)
+    d = (tags - pulse) % (1 << PULSE_ID_BITS)
+    return tags == pulse, bool(((d > 0) & (d < (1 << (PULSE_ID_BITS - 1)))).any())
+
+
+def _pkts_bytes(values: np.ndarray) -> np.ndarray:
+    """fp_counter elements (numpy structured) as int64 [element, (pkts, bytes)]."""
+    return np.stack([values["pkts"], values["bytes"]], axis=-1).astype(np.int64)
 
 
 class SwitchMaps(CounterMaps):
@@ -292,6 +371,22 @@ class SwitchMaps(CounterMaps):
         self.maps = {name: PinnedArray(str(d / name), t, n, pc, readonly=readonly)
                      for name, (t, n, pc) in map_entries(self.shape).items()}
         self._ifport_path = str(d / "ifindex_port")
+        self._ifport_fd: int | None = None
+
+    @classmethod
+    def of_program(cls, fabric: Fabric, switch: str, bpf_obj) -> "SwitchMaps":
+        """Handles on the maps of a program this process compiled and holds (not pinned): the
+        datapath's unit tests run the program with BPF_PROG_TEST_RUN and look at its maps."""
+        self = cls.__new__(cls)
+        self.fabric, self.switch = fabric, switch
+        self.shape = SwitchShape.of(fabric, switch)
+        self.nports, self.nsrc = self.shape.nports, self.shape.nsrc
+        self.pins = None
+        self.maps = {name: PinnedArray(name, t, n, pc, fd=bpf_obj[name.encode()].map_fd)
+                     for name, (t, n, pc) in map_entries(self.shape).items()}
+        self._ifport_path = ""
+        self._ifport_fd = bpf_obj[b"ifindex_port"].map_fd
+        return self
 
     def identity(self) -> tuple[int, int]:
         """Which maps the pins hold now: a reload (``fabric reload``) replaces them."""
@@ -300,7 +395,7 @@ class SwitchMaps(CounterMaps):
 
     # -- set-up (loader) ----------------------------------------------------
     def set_ports(self, ifindexes: list[int]) -> None:
-        ifp = PinnedHash(self._ifport_path)
+        ifp = PinnedHash(self._ifport_path, fd=self._ifport_fd)
         try:
             for port, ifx in enumerate(ifindexes):
                 ifp.set(ifx, port)
@@ -331,7 +426,7 @@ class SwitchMaps(CounterMaps):
 
     # -- reading ------------------------------------------------------------
     def spray_stats(self) -> list[int]:
-        return [v.v for v in self.maps["spray_stats"].get_all()]
+        return [int(v) for v in self.maps["spray_stats"].get_all_array()["v"]]
 
     def fault_stats(self, port: int, hook: str) -> FaultStats:
         return self.maps["fault_stats"].get(port * 2 + HOOKS[hook])

@@ -182,7 +182,8 @@ def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
     return FaultSpec(**args)
 
 
-def _struct(spec: FaultSpec) -> dp.Fault:
+def kernel_record(spec: FaultSpec) -> dp.Fault:
+    """The BPF injector's record of a fault (the ``faults`` map's fp_fault)."""
     kind = "blackhole" if spec.kind is FaultKind.PARTIAL else spec.kind.value
     period = spec.flap_on_s + spec.flap_off_s
     return dp.fault_struct(kind, spec.effective_rate,
@@ -228,7 +229,7 @@ def apply(tb: Testbed, spec: FaultSpec, backend: str = "bpf") -> bool:
         else:
             m = tb.maps(site.switch)
             try:
-                m.set_fault(site.port, site.hook, _struct(spec))
+                m.set_fault(site.port, site.hook, kernel_record(spec))
             finally:
                 m.close()
         replaced = link.name in tb.state.faults

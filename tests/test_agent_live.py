@@ -135,3 +135,104 @@ def test_prometheus_endpoint(make_testbed):
     assert 'switch="spine1"' in body
     for a in agents:
         a.close()
+
+
+def _stats(tb) -> dict:
+    from netns_testbed.datapath import interface_stats
+
+    return {sw: interface_stats(tb.ns(sw)) for sw in tb.fabric.switches}
+
+
+class SlotSpy:
+    """Open a switch's maps for a PulseReader and keep every pulse slot it reads (the last read of
+    each pulse: a copy taken again after a racing packet replaces the first)."""
+
+    def __init__(self, tb, switch: str) -> None:
+        self.tb, self.switch, self.slots = tb, switch, {}
+
+    def __call__(self):
+        maps = self.tb.maps(self.switch, readonly=True)
+        read = maps.read_pulse
+
+        def spy(pulse):
+            got = read(pulse)
+            self.slots[pulse] = got.counts
+            return got
+        maps.read_pulse = spy
+        return maps
+
+
+def test_busy_machine_late_reader_loses_and_merges_no_pulse(make_testbed, tmp_path):
+    """A real gloo job while two CPU hogs run at normal priority; each switch's reader sleeps half a
+    second between polls (through several pulses). Every pulse comes whole and alone (consecutive
+    numbers, none lost), and per port and direction the pulses' IPv4 counts add up to the kernel's
+    own interface statistics over the same interval, less the non-IPv4 frames (ARP: they do not
+    move the pulse clock, so one that comes in an idle gap joins a pulse already read; the
+    cumulative totals count them)."""
+    import subprocess
+    import sys
+
+    from agent.reader import PulseReader
+    from netns_testbed.datapath import KINDS
+    from workload.launcher import run_job
+
+    ipv4 = [KINDS.index(k) for k in ("tcp_data", "tcp_ctrl", "other_ip", "bad_hdr")]
+    non_ip = KINDS.index("non_ip")
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=2)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    readers = {}
+    try:
+        time.sleep(0.3)                                    # idle: every pulse so far is closed
+        spies = {sw: SlotSpy(tb, sw) for sw in tb.fabric.switches}
+        readers = {sw: PulseReader(sw, tb.state.gap_ms, spies[sw]) for sw in tb.fabric.switches}
+        first = {sw: r.maps.pulse_state()[0] for sw, r in readers.items()}
+        base, base_tot = _stats(tb), {sw: r.maps.totals() for sw, r in readers.items()}
+        got = {sw: [] for sw in readers}
+        for sw, r in readers.items():                      # the reader starts at the pulse under way
+            while (pc := r.poll()) is not None:
+                got[sw].append(pc)
+        most_at_once = 0
+        job = threading.Thread(target=run_job, args=(tb, JobSpec(size=1 << 20, iterations=20, idle_ms=100, ranks=4),
+                                                     tmp_path / "job"), daemon=True)
+        job.start()
+        while job.is_alive():
+            time.sleep(0.5)
+            for sw, r in readers.items():
+                batch = []
+                while (pc := r.poll()) is not None:
+                    batch.append(pc)
+                got[sw] += batch
+                most_at_once = max(most_at_once, len(batch))
+        for _ in range(20):                                # the last pulse closes, then a quiet copy
+            time.sleep(0.3)
+            end = _stats(tb)
+            end_tot = {sw: r.maps.totals() for sw, r in readers.items()}
+            for sw, r in readers.items():
+                while (pc := r.poll()) is not None:
+                    got[sw].append(pc)
+            if all((r.maps.pulse_state()[0] + 1) % (1 << 24) == r.next_id for r in readers.values()) \
+                    and _stats(tb) == end:
+                break
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        for r in readers.values():
+            r.close()
+    assert most_at_once >= 2, "the reader never slept through more than one pulse"
+    for sw, r in readers.items():
+        assert r.lost == 0 and r.resyncs == 0
+        numbers = [pc.pulse for pc in got[sw]]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), (sw, numbers)
+        assert all(pc.merged == 1 for pc in got[sw])
+        later = [pc.pulse for pc in got[sw] if pc.pulse > first[sw]]
+        assert len(later) >= 20, (sw, len(later))          # at least a pulse an iteration
+        counted = sum(spies[sw].slots[p][:, :, :, ipv4].sum(axis=(2, 3)) for p in later)   # [port, dir]
+        nonip = end_tot[sw][:, :, non_ip, 0] - base_tot[sw][:, :, non_ip, 0]
+        totals = (end_tot[sw] - base_tot[sw])[:, :, :, 0].sum(axis=2)             # [port, dir], every kind
+        for p in tb.fabric.ports[sw]:
+            for d, kd in ((0, "rx"), (1, "tx")):
+                kern = end[sw][p.ifname][f"{kd}_packets"] - base[sw][p.ifname][f"{kd}_packets"]
+                assert totals[p.index, d] == kern, (sw, p.ifname, kd)                 # the cumulative counts
+                assert counted[p.index, d] == kern - nonip[p.index, d], (sw, p.ifname, kd, int(counted[p.index, d]),
+                                                                          kern, int(nonip[p.index, d]))

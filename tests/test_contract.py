@@ -48,7 +48,7 @@ def test_each_shape_checks_its_map_sizes():
     assert out.returncode == 0, out.stderr
     wrong = dp.SwitchShape(shape.nports + 1, shape.nleaves, shape.is_leaf, shape.leaf_id, shape.nuplinks)
     out = compile_with(dp.contract_asserts(wrong), defs)
-    assert out.returncode != 0 and "NPORTS * 2 * NSRC * FP_NKIND" in drift_from(out.stderr)
+    assert out.returncode != 0 and "NPORTS * 2 * NSRC" in drift_from(out.stderr)
 
 
 class FaultSwapped(ct.Structure):           # match_ip after prob: its offset moves from 4 to 16

@@ -31,7 +31,7 @@ def test_alert_file_reopened_after_logrotate_moves_it(tmp_path):
 
 def fake_agent(switch: str, last_poll: float):
     return SimpleNamespace(switch=switch, pulses=7, last_poll=last_poll, detector=SimpleNamespace(active={}),
-                           reader=SimpleNamespace(resyncs=0))
+                           reader=SimpleNamespace(resyncs=0, lost=0))
 
 
 def free_port() -> int:
@@ -126,7 +126,7 @@ def test_metrics_scrapes_during_pulses_see_consistent_state(tmp_path):
     stream = leaf_pulses(SprayMode.RRDST, 1.0, 40_000, 400, np.random.default_rng(5), fault=(1, 0.02, 100))
 
     class Reader:
-        resyncs = 0
+        resyncs = lost = 0
 
         def __init__(self):
             self.it = iter(stream)

@@ -11,6 +11,7 @@
 //
 // Compile-time parameters (-D, set by agent/counting.py from the site):
 //   NPORTS  ports of this switch      NSRC  leaves + 2 source classes
+//   FP_RING pulses kept per counter (ring slots, a power of two; see switch.h)
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <uapi/linux/if_ether.h>
@@ -21,11 +22,13 @@
 
 #include "switch.h"
 
-BPF_PERCPU_ARRAY(counters, struct fp_counter, NPORTS * 2 * NSRC * FP_NKIND);
-BPF_PERCPU_ARRAY(dup, struct fp_counter, NPORTS * 2);   // [port * 2 + dir]: segments carrying a D-SACK, bytes it reports
+BPF_PERCPU_ARRAY(counters, struct fp_count, FP_RING * NPORTS * 2 * NSRC);   // per pulse [slot][port][dir][src]
+BPF_PERCPU_ARRAY(dup, struct fp_dup, FP_RING * NPORTS * 2);   // [slot][port][dir]: segments carrying a D-SACK, bytes it reports
+BPF_PERCPU_ARRAY(totals, struct fp_counter, NPORTS * 2 * FP_NKIND);   // cumulative [port][dir][kind]
 BPF_HASH(ifindex_port, u32, u32, 256);             // this machine's ifindex -> port
 BPF_ARRAY(config, struct fp_config, 1);            // only gap_units is used
 BPF_ARRAY(pulse, u64, 2);                          // [0] packed id/last time, [1] start ns
+BPF_ARRAY(pulses, struct fp_pulse_rec, FP_RING);   // each ring slot's pulse, start and end
 BPF_LPM_TRIE(source_prefix, struct fp_prefix_key, u32, FP_MAX_PREFIXES);
 
 static __always_inline u32 site_source_class(u32 addr_be) {
@@ -45,28 +48,55 @@ static __always_inline u32 no_dest_class(u32 addr_be) {
 #include "packet.h"
 
 // Map accesses stay in the compiled file (BCC rewrites them only there).
-static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
+// The pulse clock on an IPv4 packet: returns the current pulse id; a packet that
+// opens a pulse closes the previous one's record and starts its own.
+static __always_inline u64 pulse_tick(struct fp_config *cfg, u64 now) {
     int k0 = 0, k1 = 1;
     u64 *st = pulse.lookup(&k0);
     u64 *start = pulse.lookup(&k1);
-    if (st && start)
-        pulse_advance(st, start, cfg->gap_units, now);
+    if (!st || !start)
+        return 0;
+    u64 closed = ~0ULL;
+    u64 id = pulse_advance(st, start, cfg->gap_units, now, &closed);
+    if (closed != ~0ULL) {
+        u32 ps = ring_slot(FP_PULSE_ID(closed));
+        struct fp_pulse_rec *prev = pulses.lookup(&ps);
+        if (prev && prev->pulse == FP_PULSE_ID(closed))
+            prev->end_ns = (closed & FP_PULSE_TIME_MASK) << FP_PULSE_UNIT_SHIFT;
+        u32 ns = ring_slot(id);
+        struct fp_pulse_rec *rec = pulses.lookup(&ns);
+        if (rec) {
+            rec->pulse = id;
+            rec->start_ns = now;
+            rec->end_ns = 0;
+        }
+    }
+    return id;
 }
 
-static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi) {
-    u32 idx = counter_index(port, dir, pi);
-    struct fp_counter *c = counters.lookup(&idx);
-    if (c) {
-        c->pkts += 1;
-        c->bytes += skb->len;
+// The current pulse id, for packets that do not move the clock.
+static __always_inline u64 pulse_now(void) {
+    int k0 = 0;
+    u64 *st = pulse.lookup(&k0);
+    return st ? FP_PULSE_ID(*st) : 0;
+}
+
+static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi, u64 id) {
+    u32 idx = counter_index(id, port, dir, pi);
+    struct fp_count *c = counters.lookup(&idx);
+    if (c)
+        ring_count(c, id, pi->kind);
+    u32 ti = total_index(port, dir, pi);
+    struct fp_counter *t = totals.lookup(&ti);
+    if (t) {
+        t->pkts += 1;
+        t->bytes += skb->len;
     }
     if (pi->dsack) {
-        u32 di = port * 2 + dir;
-        struct fp_counter *d = dup.lookup(&di);
-        if (d) {
-            d->pkts += 1;
-            d->bytes += pi->dsack;
-        }
+        u32 di = dup_index(id, port, dir);
+        struct fp_dup *d = dup.lookup(&di);
+        if (d)
+            ring_dup(d, id, pi->dsack);
     }
 }
 
@@ -83,9 +113,8 @@ static __always_inline int count_packet(struct __sk_buff *skb, u32 dir) {
     classify(skb, &pi, dir == FP_DIR_IN);
     // Both directions stamp the clock: on a machine that also sends (a host with
     // several NICs), its own packets are part of the pulse.
-    if (pi.iph)
-        pulse_tick(cfg, bpf_ktime_get_ns());
-    count(skb, *port, dir, &pi);
+    u64 id = pi.iph ? pulse_tick(cfg, bpf_ktime_get_ns()) : pulse_now();
+    count(skb, *port, dir, &pi, id);
     return TC_ACT_UNSPEC;
 }
 

@@ -2,11 +2,17 @@
 // pulse clock, count it. Shared by switch.c (the testbed's switches) and count.c
 // (the agent's counting-only program for any Linux box), so the two count alike.
 //
-// The including program first defines NPORTS and NSRC (-D flags), the maps
-// `counters` (per-CPU fp_counter, NPORTS * 2 * NSRC * FP_NKIND), `dup` (per-CPU
-// fp_counter, NPORTS * 2) and `pulse` (u64 [2]), and two functions of an IPv4 address in network byte order:
+// The including program first defines NPORTS, NSRC and FP_RING (-D flags), and two
+// functions of an IPv4 address in network byte order:
 //   fp_source_class(addr): 1..NSRC-2 = source leaf + 1, 0 = other IPv4
 //   fp_dest_class(addr):   destination leaf + 1, 0 = none (only switch.c sprays by it)
+// Its maps (declared and looked up in the .c file: BCC rewrites map accesses only
+// in the file it compiles, so pulse_tick() and count() live there):
+//   counters  per-CPU fp_count, FP_RING * FP_NCOUNTERS: per pulse [slot][port][dir][src]
+//   dup       per-CPU fp_dup, FP_RING * NPORTS * 2: per-pulse D-SACKs [slot][port][dir]
+//   totals    per-CPU fp_counter, NPORTS * 2 * FP_NKIND: cumulative [port][dir][kind]
+//   pulse     u64 [2]: [0] packed id/last time, [1] current pulse's start ns
+//   pulses    fp_pulse_rec [FP_RING]: each slot's pulse, start and end
 #ifndef FLOWPULSE_PACKET_H
 #define FLOWPULSE_PACKET_H
 
@@ -76,8 +82,12 @@ static __always_inline u32 dsack_bytes(struct __sk_buff *skb, u32 off, u32 end, 
 }
 
 // Real switches discard frames that fail the FCS and count them as errors; here
-// a corrupted IPv4 header (bad checksum) plays that part.
-static __always_inline int ipv4_header_ok(struct iphdr *iph, void *data_end) {
+// a corrupted IPv4 header (bad checksum) plays that part. The sum runs over the
+// whole header: the fixed 20 bytes through the packet pointer, options (at most
+// 40 bytes) through bpf_skb_load_bytes into a zeroed buffer, since zero words
+// add nothing to a ones' complement sum (and the verifier refuses a packet
+// pointer moved by the header's variable length).
+static __always_inline int ipv4_header_ok(struct __sk_buff *skb, struct iphdr *iph, void *data_end) {
     u16 *w = (u16 *)iph;
     if ((void *)(w + 10) > data_end)
         return 0;
@@ -85,6 +95,18 @@ static __always_inline int ipv4_header_ok(struct iphdr *iph, void *data_end) {
 #pragma unroll
     for (int i = 0; i < 10; i++)
         sum += w[i];
+    u32 optlen = iph->ihl * 4;
+    if (optlen < 20)
+        return 0;
+    optlen -= 20;
+    if (optlen) {
+        u16 opt[20] = {};
+        if (optlen > sizeof(opt) || bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + 20, opt, optlen) < 0)
+            return 0;
+#pragma unroll
+        for (int i = 0; i < 20; i++)
+            sum += opt[i];
+    }
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     return sum == 0xffff;
@@ -115,7 +137,7 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
     pi->src = fp_source_class(iph->saddr);
     pi->dst_leaf = fp_dest_class(iph->daddr);
     pi->proto = iph->protocol;
-    if (check_hdr && !ipv4_header_ok(iph, data_end)) {
+    if (check_hdr && !ipv4_header_ok(skb, iph, data_end)) {
         pi->kind = FP_KIND_BADHDR;
         return;
     }
@@ -142,26 +164,73 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
 // Pulses: an idle gap longer than gap_units (units of 2^FP_PULSE_UNIT_SHIFT ns) between
 // IPv4 packets starts a new pulse. The id and last-seen time share one 64-bit
 // word (*st) so that a racing CPU sees either the old or the new pair, never a
-// mix; *start is the current pulse's start time in ns. (BCC rewrites map
-// accesses only in the file it compiles, so each program looks the two words
-// up itself and calls this with them.)
-static __always_inline void pulse_advance(u64 *st, u64 *start, u32 gap_units, u64 now) {
+// mix; *start is the current pulse's start time in ns. Returns the current
+// pulse id (24 bits); when this packet opened a new pulse, *closed is set to the
+// previous word (its id and last time unit). (BCC rewrites map accesses only in
+// the file it compiles, so each program looks the words up itself and calls this.)
+#define FP_PULSE_ID(word) ((word) >> FP_PULSE_TIME_BITS)
+static __always_inline u64 pulse_advance(u64 *st, u64 *start, u32 gap_units, u64 now, u64 *closed) {
     u64 old = *st;
     u64 now_u = (now >> FP_PULSE_UNIT_SHIFT) & FP_PULSE_TIME_MASK;
     u64 last_u = old & FP_PULSE_TIME_MASK;
-    u64 id = old >> FP_PULSE_TIME_BITS;
+    u64 id = FP_PULSE_ID(old);
     if (old == 0 || ((now_u - last_u) & FP_PULSE_TIME_MASK) > gap_units) {
-        id += 1;
+        id = (id + 1) & ((1ULL << (64 - FP_PULSE_TIME_BITS)) - 1);
         *start = now;
+        *closed = old;
     } else if (now_u == last_u) {
-        return;  // same time unit: nothing to write
+        return id;  // same time unit: nothing to write
     }
     *st = (id << FP_PULSE_TIME_BITS) | now_u;
+    return id;
 }
 
-// Index of a packet's counter in `counters`: [port][dir][source class][kind].
-static __always_inline u32 counter_index(u32 port, u32 dir, struct pkt_info *pi) {
-    return ((port * 2 + dir) * NSRC + pi->src) * FP_NKIND + pi->kind;
+_Static_assert(FP_RING > 0 && (FP_RING & (FP_RING - 1)) == 0, "FP_RING must be a power of two");
+#define FP_NCOUNTERS (NPORTS * 2 * NSRC)   // ring elements of one pulse
+
+static __always_inline u32 ring_slot(u64 id) {
+    return id & (FP_RING - 1);
+}
+
+// Count a packet of `kind` in a ring element for pulse `id`, starting the element over if it
+// still holds an older pulse. Every kind's field gets `kind == k` added at a constant offset:
+// an index computed from the packet (pkts[kind]) is pointer arithmetic on a map value, which
+// the verifier refuses to a program loaded without CAP_PERFMON (the site unit).
+static __always_inline void ring_count(struct fp_count *c, u32 id, u32 kind) {
+    if (c->pulse != id) {
+        c->pulse = id;
+#pragma unroll
+        for (int k = 0; k < FP_NKIND; k++)
+            c->pkts[k] = 0;
+    }
+#pragma unroll
+    for (int k = 0; k < FP_NKIND; k++)
+        c->pkts[k] += kind == k;
+}
+
+static __always_inline void ring_dup(struct fp_dup *d, u64 id, u32 bytes) {
+    if (d->pulse != id) {
+        d->pulse = id;
+        d->segs = 0;
+        d->bytes = 0;
+    }
+    d->segs += 1;
+    d->bytes += bytes;
+}
+
+// Index of a packet's element in `counters`: [slot][port][dir][source class].
+static __always_inline u32 counter_index(u64 id, u32 port, u32 dir, struct pkt_info *pi) {
+    return ring_slot(id) * FP_NCOUNTERS + (port * 2 + dir) * NSRC + pi->src;
+}
+
+// Index in `totals` (cumulative since load, no source class): [port][dir][kind].
+static __always_inline u32 total_index(u32 port, u32 dir, struct pkt_info *pi) {
+    return (port * 2 + dir) * FP_NKIND + pi->kind;
+}
+
+// Index in `dup`: [slot][port][dir].
+static __always_inline u32 dup_index(u64 id, u32 port, u32 dir) {
+    return ring_slot(id) * NPORTS * 2 + port * 2 + dir;
 }
 
 #endif

@@ -10,6 +10,7 @@
 //   NPORTS   ports of this switch          NLEAVES  leaves in the fabric
 //   NSRC     NLEAVES + 2 source classes    IS_LEAF  1 on leaves, 0 on spines
 //   LEAF_ID  this leaf's number            NUPLINKS spines (leaf uplinks are ports 0..NUPLINKS-1)
+//   FP_RING  pulses kept per counter (ring slots, a power of two; see switch.h)
 //
 // Maps are pinned by the loader so that the CLI and the agents (other
 // processes) read counters and set faults while the programs stay attached.
@@ -27,12 +28,14 @@
 static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
-BPF_PERCPU_ARRAY(counters, struct fp_counter, NPORTS * 2 * NSRC * FP_NKIND);
-BPF_PERCPU_ARRAY(dup, struct fp_counter, NPORTS * 2);   // [port * 2 + dir]: segments carrying a D-SACK, bytes it reports
+BPF_PERCPU_ARRAY(counters, struct fp_count, FP_RING * NPORTS * 2 * NSRC);   // per pulse [slot][port][dir][src]
+BPF_PERCPU_ARRAY(dup, struct fp_dup, FP_RING * NPORTS * 2);   // [slot][port][dir]: segments carrying a D-SACK, bytes it reports
+BPF_PERCPU_ARRAY(totals, struct fp_counter, NPORTS * 2 * FP_NKIND);   // cumulative [port][dir][kind]
 BPF_HASH(ifindex_port, u32, u32, 256);             // this namespace's ifindex -> port
 BPF_ARRAY(port_ifindex, u32, NPORTS);              // port -> ifindex (redirect target)
 BPF_ARRAY(config, struct fp_config, 1);
 BPF_ARRAY(pulse, u64, 2);                          // [0] packed id/last time, [1] start ns
+BPF_ARRAY(pulses, struct fp_pulse_rec, FP_RING);   // each ring slot's pulse, start and end
 BPF_ARRAY(spray, struct fp_spray, NLEAVES);        // per destination leaf
 BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
 BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
@@ -53,28 +56,55 @@ static __always_inline u32 leaf_class(u32 addr_be) {
 #include "packet.h"
 
 // Map accesses stay in the compiled file (BCC rewrites them only there).
-static __always_inline void pulse_tick(struct fp_config *cfg, u64 now) {
+// The pulse clock on an IPv4 packet: returns the current pulse id; a packet that
+// opens a pulse closes the previous one's record and starts its own.
+static __always_inline u64 pulse_tick(struct fp_config *cfg, u64 now) {
     int k0 = 0, k1 = 1;
     u64 *st = pulse.lookup(&k0);
     u64 *start = pulse.lookup(&k1);
-    if (st && start)
-        pulse_advance(st, start, cfg->gap_units, now);
+    if (!st || !start)
+        return 0;
+    u64 closed = ~0ULL;
+    u64 id = pulse_advance(st, start, cfg->gap_units, now, &closed);
+    if (closed != ~0ULL) {
+        u32 ps = ring_slot(FP_PULSE_ID(closed));
+        struct fp_pulse_rec *prev = pulses.lookup(&ps);
+        if (prev && prev->pulse == FP_PULSE_ID(closed))
+            prev->end_ns = (closed & FP_PULSE_TIME_MASK) << FP_PULSE_UNIT_SHIFT;
+        u32 ns = ring_slot(id);
+        struct fp_pulse_rec *rec = pulses.lookup(&ns);
+        if (rec) {
+            rec->pulse = id;
+            rec->start_ns = now;
+            rec->end_ns = 0;
+        }
+    }
+    return id;
 }
 
-static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi) {
-    u32 idx = counter_index(port, dir, pi);
-    struct fp_counter *c = counters.lookup(&idx);
-    if (c) {
-        c->pkts += 1;
-        c->bytes += skb->len;
+// The current pulse id, for packets that do not move the clock.
+static __always_inline u64 pulse_now(void) {
+    int k0 = 0;
+    u64 *st = pulse.lookup(&k0);
+    return st ? FP_PULSE_ID(*st) : 0;
+}
+
+static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi, u64 id) {
+    u32 idx = counter_index(id, port, dir, pi);
+    struct fp_count *c = counters.lookup(&idx);
+    if (c)
+        ring_count(c, id, pi->kind);
+    u32 ti = total_index(port, dir, pi);
+    struct fp_counter *t = totals.lookup(&ti);
+    if (t) {
+        t->pkts += 1;
+        t->bytes += skb->len;
     }
     if (pi->dsack) {
-        u32 di = port * 2 + dir;
-        struct fp_counter *d = dup.lookup(&di);
-        if (d) {
-            d->pkts += 1;
-            d->bytes += pi->dsack;
-        }
+        u32 di = dup_index(id, port, dir);
+        struct fp_dup *d = dup.lookup(&di);
+        if (d)
+            ring_dup(d, id, pi->dsack);
     }
 }
 
@@ -153,9 +183,8 @@ int fp_ingress(struct __sk_buff *skb) {
     classify(skb, &pi, 1);
     if (apply_fault(skb, port, FP_HOOK_INGRESS, &pi, now))
         return TC_ACT_SHOT;
-    if (pi.iph)
-        pulse_tick(cfg, now);
-    count(skb, port, FP_DIR_IN, &pi);
+    u64 id = pi.iph ? pulse_tick(cfg, now) : pulse_now();
+    count(skb, port, FP_DIR_IN, &pi, id);
     if (pi.kind == FP_KIND_BADHDR)
         return TC_ACT_OK;  // never spray it: the kernel's IP input discards it (InCsumErrors)
 #if IS_LEAF
@@ -200,7 +229,7 @@ int fp_egress(struct __sk_buff *skb) {
     u64 now = bpf_ktime_get_ns();
     struct pkt_info pi = {};
     classify(skb, &pi, 0);
-    count(skb, port, FP_DIR_OUT, &pi);
+    count(skb, port, FP_DIR_OUT, &pi, pulse_now());   // every packet sent came in on a port: the clock moved there
     if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi, now))
         return TC_ACT_SHOT;
     return TC_ACT_OK;

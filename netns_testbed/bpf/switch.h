@@ -40,6 +40,35 @@ struct fp_counter {
     u64 bytes;
 };
 
+// Per-pulse counters live in a ring of FP_RING slots (a -D parameter, a power of
+// two): pulse id P counts into slot P % FP_RING. Each per-CPU element carries the
+// id of the pulse it holds; the first packet of a new pulse to touch an element
+// finds an older id there and starts it from zero. A reader sums, per element
+// and CPU, only the values tagged with the pulse it reads, so a late reader
+// loses nothing until FP_RING pulses have passed, and pulses never merge.
+// One element per (port, direction, source class) holds the packets of each
+// kind (bytes are in the cumulative totals only): 24 bytes per CPU, what a
+// reader copies per element each pulse.
+struct fp_count {
+    u32 pulse;              // the (24-bit) pulse id these counts belong to
+    u32 pkts[FP_NKIND];     // packets of each kind in that pulse
+};
+
+// D-SACKs seen in one pulse on one (port, direction).
+struct fp_dup {
+    u64 pulse;
+    u64 segs;        // segments carrying a D-SACK
+    u64 bytes;       // sequence bytes their blocks report
+};
+
+// One per ring slot: when the pulse in it started and ended (ns, the end is the
+// last IPv4 packet's time unit, written when the next pulse opens; 0 while open).
+struct fp_pulse_rec {
+    u64 pulse;
+    u64 start_ns;
+    u64 end_ns;
+};
+
 struct fp_config {
     u32 mode;        // FP_SPRAY_*
     u32 gap_units;   // idle gap that ends a pulse, in units of 2^20 ns

@@ -1,0 +1,487 @@
+"""The switch program's logic, below a whole fabric: bpf/switch.c compiled for one leaf and one
+spine of a 3x4x2 fabric and run in the kernel on scapy-crafted frames with BPF_PROG_TEST_RUN
+(nothing attached, no namespace built). Each test sets the maps as the loader does, runs frames
+through ``fp_ingress``/``fp_egress`` as if they came in or went out on a given port, and reads the
+verdict, the frame the program left and the maps.
+
+What is checked: packet kinds and source classes, the spray choice per mode and weight, ports out
+of service, D-SACK counting, drop / corruption / partial / flap decisions with their statistics,
+and pulse boundaries. Random decisions are checked against binomial or chi-square bounds whose
+chance of failing a correct program is stated at each test (at most 1e-6).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from scapy.layers.inet import ICMP, IP, TCP, UDP
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP, Ether
+from scapy.packet import Raw
+from scipy import stats
+
+from netns_testbed import datapath as dp
+from netns_testbed import faults
+from netns_testbed.bpfmaps import PinnedHash, prog_test_run
+from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
+
+pytestmark = pytest.mark.root
+
+FABRIC = Fabric(FabricSpec(leaves=3, spines=4, hosts_per_leaf=2))
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC = 0, 2, 7, -1
+H0, H1, H2, H4 = (FABRIC.host_ip(h) for h in ("h0", "h1", "h2", "h4"))   # h0 h1 on leaf0, h2 leaf1, h4 leaf2
+UPLINKS = range(FABRIC.spec.spines)           # leaf0's ports 0..3 go to spine0..3
+H0_PORT = FABRIC.port_to("leaf0", "h0").index
+
+
+class Program:
+    """One switch's program, compiled and held by this process, its maps set as the loader sets them."""
+
+    def __init__(self, switch: str) -> None:
+        self.switch = switch
+        self.bpf, self.ingress, self.egress = dp.compile_switch(dp.SwitchShape.of(FABRIC, switch))
+        self.maps = dp.SwitchMaps.of_program(FABRIC, switch, self.bpf)
+        self.ifport = PinnedHash("", fd=self.bpf[b"ifindex_port"].map_fd)
+
+    def reset(self, mode: SprayMode | str = SprayMode.RRDST, gap_ms: float = 1000.0, weights: dict | None = None,
+              out_of_service: list[Link] | None = None) -> None:
+        for m in self.maps.maps.values():
+            for i in range(m.entries):
+                m.set(i, m.value_type())
+        self.maps.set_ports([100 + i for i in range(self.maps.nports)])   # redirect targets (never used)
+        self.maps.set_config(str(mode), gap_ms)      # "off": plain kernel routing (the bench's baseline)
+        self.maps.set_spray(weights or {}, out_of_service or [])
+
+    def run(self, hook: str, port: int, frame, repeat: int = 1) -> tuple[int, bytes]:
+        """Run the ``hook`` program on ``frame`` as if it crossed ``port`` (the test packet's device,
+        the loopback, is mapped to that port)."""
+        self.ifport.set(1, port)
+        fn = self.ingress if hook == "ingress" else self.egress
+        return prog_test_run(fn.fd, bytes(frame), repeat)
+
+    def counts(self) -> np.ndarray:
+        """The current pulse's packets [port, dir, src, kind] from its ring slot."""
+        return self.maps.read_pulse(self.maps.pulse_state()[0]).counts
+
+    def count(self, port: int, direction: str, src: int, kind: str) -> tuple[int, int]:
+        """(packets of the current pulse from ``src``, bytes since the reset from every source): the
+        ring counts packets per source class, the cumulative totals bytes per port and kind."""
+        d, k = dp.DIRS.index(direction), dp.KINDS.index(kind)
+        pkts = int(self.counts()[port, d, src, k])
+        total = self.maps.totals()[port, d, k]
+        assert total[0] >= pkts                                 # cumulative counts hold them too
+        return pkts, int(total[1])
+
+    def sprayed(self) -> np.ndarray:
+        return np.array(self.maps.spray_stats())
+
+    def set_fault(self, text: str):
+        spec = faults.parse_fault(FABRIC, text)
+        site = FABRIC.fault_site(spec.link)
+        assert site.switch == self.switch
+        record = faults.kernel_record(spec)
+        self.maps.set_fault(site.port, site.hook, record)
+        return site, record
+
+    def close(self) -> None:
+        self.maps.close()
+        self.ifport.close()
+        self.bpf.cleanup()
+
+
+@pytest.fixture(scope="module")
+def leaf():
+    p = Program("leaf0")
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def spine():
+    p = Program("spine1")
+    yield p
+    p.close()
+
+
+def tcp(src=H0, dst=H2, sport=40000, dport=5000, payload=b"x" * 100, flags="PA", **kw):
+    return Ether() / IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags=flags, **kw) / Raw(payload)
+
+
+def class_of(ip: str) -> int:
+    """Source class: source leaf + 1 for the testbed's host networks."""
+    from netns_testbed.topo import node_num
+    return node_num(FABRIC.source_leaf_of(ip)) + 1
+
+
+# -- kinds and source classes -------------------------------------------------------------------
+
+KIND_CASES = {
+    "tcp with payload": (tcp(), "tcp_data", class_of(H0)),
+    "tcp SYN": (Ether() / IP(src=H2, dst=H0) / TCP(flags="S"), "tcp_ctrl", class_of(H2)),
+    "tcp ACK": (Ether() / IP(src=H4, dst=H0) / TCP(flags="A"), "tcp_ctrl", class_of(H4)),
+    "udp": (Ether() / IP(src=H2, dst=H0) / UDP(sport=1, dport=2) / Raw(b"u" * 30), "other_ip", class_of(H2)),
+    "icmp": (Ether() / IP(src=H0, dst=H2) / ICMP(), "other_ip", class_of(H0)),
+    "tcp behind IP options": (Ether() / IP(src=H0, dst=H2, options=b"\x01\x01\x01\x00") / TCP() / Raw(b"d"),
+                              "other_ip", class_of(H0)),
+    "outside the address plan": (tcp(src="192.168.7.1"), "tcp_data", 0),
+    "arp": (Ether() / ARP(psrc=H0, pdst=H1), "non_ip", FABRIC.spec.leaves + 1),
+    "ipv6": (Ether() / IPv6() / UDP() / Raw(b"v"), "non_ip", FABRIC.spec.leaves + 1),
+}
+
+
+@pytest.mark.parametrize("case", list(KIND_CASES))
+@pytest.mark.parametrize("hook", ["ingress", "egress"])
+def test_each_packet_is_counted_once_by_kind_and_source(spine, case, hook):
+    frame, kind, src = KIND_CASES[case]
+    spine.reset()
+    port = 2
+    spine.run(hook, port, frame, repeat=3)
+    direction = "in" if hook == "ingress" else "out"
+    assert spine.count(port, direction, src, kind) == (3, 3 * len(bytes(frame)))
+    assert spine.counts().sum() == 3, "counted once per run, in one cell"
+    assert spine.maps.totals()[..., 0].sum() == 3
+
+
+def test_a_broken_header_checksum_is_a_header_error_on_ingress_only(spine):
+    frame = Ether(bytes(tcp()))
+    frame[IP].chksum ^= 0x0101
+    spine.reset()
+    verdict, _ = spine.run("ingress", 0, frame)
+    assert verdict == TC_ACT_OK                        # the kernel's IP input discards it
+    assert spine.count(0, "in", class_of(H0), "bad_hdr")[0] == 1
+    spine.run("egress", 0, frame)                      # a switch never sends one: egress does not look
+    assert spine.count(0, "out", class_of(H0), "tcp_data")[0] == 1
+    opts = Ether(bytes(Ether() / IP(src=H0, dst=H2, options=b"\x01\x01\x01\x00") / TCP() / Raw(b"d")))
+    spine.run("ingress", 0, opts)                      # options sum right: counted by kind
+    assert spine.count(0, "in", class_of(H0), "other_ip")[0] == 1
+    raw = bytearray(bytes(opts))
+    raw[14 + 21] ^= 0x10                               # an option byte damaged: the sum covers it
+    spine.run("ingress", 0, bytes(raw))
+    assert spine.count(0, "in", class_of(H0), "bad_hdr")[0] == 2
+
+
+def test_packets_from_a_device_that_is_not_a_port_are_left_alone(spine):
+    spine.reset()
+    spine.ifport.delete(1)                             # the loopback is no port of the switch
+    assert prog_test_run(spine.ingress.fd, bytes(tcp()))[0] == TC_ACT_UNSPEC
+    assert prog_test_run(spine.egress.fd, bytes(tcp()))[0] == TC_ACT_UNSPEC
+    assert spine.counts().sum() == 0 and spine.maps.totals().sum() == 0
+
+
+# -- D-SACKs ----------------------------------------------------------------------------------
+
+def test_a_dsack_is_counted_on_its_port_and_a_plain_sack_is_not(leaf):
+    leaf.reset()
+    ack = 1_000_000
+    dsack = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
+        ("NOP", None), ("NOP", None), ("SAck", (ack - 2896, ack - 1448))])
+    sack = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
+        ("NOP", None), ("NOP", None), ("SAck", (ack + 1448, ack + 2896))])
+    leaf.run("egress", 1, dsack)
+    leaf.run("egress", 1, sack)
+    dups = leaf.maps.read_pulse(0).dups
+    assert dups[1, dp.DIRS.index("out")].tolist() == [1, 1448]
+    assert dups.sum() == 1 + 1448
+
+
+# -- spraying ---------------------------------------------------------------------------------
+
+def choices(prog: Program, frames) -> list[int]:
+    """The uplink each frame was sprayed to (from the per-uplink statistics), in order."""
+    out = []
+    for frame in frames:
+        before = prog.sprayed()
+        verdict, _ = prog.run("ingress", H0_PORT, frame)
+        moved = np.flatnonzero(prog.sprayed() - before)
+        assert verdict == TC_ACT_REDIRECT and len(moved) == 1, (verdict, moved)
+        out.append(int(moved[0]))
+    return out
+
+
+def test_rrdst_keeps_one_exact_rotation_per_destination_leaf(leaf):
+    leaf.reset(SprayMode.RRDST)
+    to_leaf1, to_leaf2 = tcp(dst=H2), tcp(dst=H4)
+    picks = choices(leaf, [to_leaf1, to_leaf2] * 8)
+    one, two = picks[0::2], picks[1::2]
+    for seq in (one, two):
+        assert sorted(seq[:4]) == list(UPLINKS) and seq[4:] == seq[:4], seq   # every window of 4: each once
+
+
+def test_rr_shares_one_rotation_between_destinations(leaf):
+    """The contrast with rrdst: interleaved destinations each see every other uplink."""
+    leaf.reset(SprayMode.RR)
+    picks = choices(leaf, [tcp(dst=H2), tcp(dst=H4)] * 4)
+    assert sorted(picks[:4]) == list(UPLINKS)
+    assert len(set(picks[0::2])) == 2 and len(set(picks[1::2])) == 2
+
+
+def test_weights_give_exact_shares_in_every_table_cycle(leaf):
+    weights = {"leaf0->spine0": 3.0, "leaf0->spine1": 1.0, "leaf0->spine2": 1.0, "leaf0->spine3": 1.0}
+    leaf.reset(SprayMode.RRDST, weights=weights)
+    picks = choices(leaf, [tcp(dst=H2)] * 60)
+    assert np.bincount(picks, minlength=4).tolist() == [30, 10, 10, 10]
+    for cycle in range(10):                                # each table cycle of 6 holds the exact shares
+        assert np.bincount(picks[cycle * 6:(cycle + 1) * 6], minlength=4).tolist() == [3, 1, 1, 1]
+
+
+def test_an_uplink_out_of_service_is_never_chosen(leaf):
+    leaf.reset(SprayMode.RRDST, out_of_service=[Link("leaf0", "spine2")])
+    picks = choices(leaf, [tcp(dst=H2)] * 30 + [tcp(dst=H4)] * 30)
+    assert 2 not in picks and np.bincount(picks, minlength=4).tolist() == [20, 20, 0, 20]
+    leaf.reset(SprayMode.RRDST, out_of_service=[Link("spine3", "leaf1")])   # spine3 cannot reach leaf1
+    assert 3 not in choices(leaf, [tcp(dst=H2)] * 12)
+    assert 3 in choices(leaf, [tcp(dst=H4)] * 4)
+
+
+def test_random_spray_is_uniform(leaf):
+    """4,000 packets: a chi-square test of uniformity at alpha 1e-6 (a correct program fails it
+    once in a million runs)."""
+    leaf.reset(SprayMode.RANDOM)
+    n = 4000
+    verdict, _ = leaf.run("ingress", H0_PORT, tcp(dst=H2), repeat=n)
+    assert verdict == TC_ACT_REDIRECT
+    counts = leaf.sprayed()[:4]
+    assert counts.sum() == n
+    assert stats.chisquare(counts).pvalue > 1e-6, counts
+
+
+@pytest.mark.parametrize("mode", [SprayMode.RANDOM, SprayMode.RR, SprayMode.RRDST, "off"])
+def test_only_host_traffic_to_another_leaf_is_sprayed(leaf, mode):
+    leaf.reset(mode)
+    assert leaf.run("ingress", H0_PORT, tcp(src=H0, dst=H1))[0] == TC_ACT_OK        # to a host of this leaf
+    assert leaf.run("ingress", 1, tcp(src=H2, dst=H0))[0] == TC_ACT_OK              # from an uplink
+    assert leaf.run("ingress", H0_PORT, tcp(dst="192.168.7.1"))[0] == TC_ACT_OK     # to no leaf
+    assert leaf.run("ingress", H0_PORT, Ether() / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
+    expected = TC_ACT_OK if mode == "off" else TC_ACT_REDIRECT
+    assert leaf.run("ingress", H0_PORT, tcp(dst=H2))[0] == expected
+    assert leaf.sprayed().sum() == (0 if mode == "off" else 1)
+
+
+def test_the_egress_program_never_redirects(leaf):
+    leaf.reset(SprayMode.RRDST)
+    assert leaf.run("egress", H0_PORT, tcp(dst=H2))[0] == TC_ACT_OK
+    assert leaf.sprayed().sum() == 0
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+def fault_stats(prog: Program, site) -> tuple[int, int]:
+    st = prog.maps.fault_stats(site.port, site.hook)
+    return st.matched, st.hit
+
+
+def test_a_blackhole_drops_everything_on_its_link_only(leaf):
+    leaf.reset()
+    site, _ = leaf.set_fault("leaf0->spine1:blackhole")
+    assert leaf.run("egress", 1, tcp())[0] == TC_ACT_SHOT
+    assert leaf.run("egress", 2, tcp())[0] == TC_ACT_OK
+    assert leaf.count(1, "out", class_of(H0), "tcp_data")[0] == 1        # counted before the fault
+    assert leaf.run("ingress", 1, tcp(src=H2, dst=H0))[0] == TC_ACT_OK   # the other direction
+    assert fault_stats(leaf, site) == (1, 1)
+
+
+def test_a_rate_zero_fault_matches_and_drops_nothing(leaf):
+    leaf.reset()
+    site, _ = leaf.set_fault("leaf0->spine1:drop=0")
+    assert leaf.run("egress", 1, tcp(), repeat=500)[0] == TC_ACT_OK
+    assert fault_stats(leaf, site) == (500, 0)
+
+
+@pytest.mark.parametrize("rate", [0.01, 0.3])
+def test_drop_rate_is_binomial(leaf, rate):
+    """20,000 runs: the hits lie within 5.3 standard deviations of the rate (fails a correct
+    program with probability about 1e-7)."""
+    leaf.reset()
+    site, _ = leaf.set_fault(f"leaf0->spine1:drop={rate}")
+    n = 20_000
+    leaf.run("egress", 1, tcp(), repeat=n)
+    matched, hit = fault_stats(leaf, site)
+    assert matched == n
+    assert abs(hit - n * rate) <= 5.3 * math.sqrt(n * rate * (1 - rate)), hit
+
+
+def test_corruption_breaks_the_header_checksum_and_the_next_hop_sees_a_header_error(leaf, spine):
+    leaf.reset()
+    spine.reset()
+    site, _ = leaf.set_fault("leaf0->spine1:corrupt=1")
+    frame = tcp()
+    verdict, out = leaf.run("egress", 1, frame)
+    assert verdict == TC_ACT_OK                        # sent on, damaged
+    sent, got = Ether(bytes(frame)), Ether(out)
+    assert got[IP].id == sent[IP].id ^ 0x5A5A and got[IP].chksum == sent[IP].chksum
+    assert bytes(got[TCP]) == bytes(sent[TCP])
+    assert fault_stats(leaf, site) == (1, 1)
+    assert leaf.count(1, "out", class_of(H0), "tcp_data")[0] == 1   # counted as it left, before the damage
+    spine.run("ingress", 0, out)                       # spine1's port 0 faces leaf0
+    assert spine.count(0, "in", class_of(H0), "bad_hdr")[0] == 1
+
+
+def test_corruption_on_a_host_link_is_a_header_error_at_the_leaf_and_never_sprayed(leaf):
+    leaf.reset()
+    site, _ = leaf.set_fault("h0->leaf0:corrupt=1")
+    assert (site.port, site.hook) == (H0_PORT, "ingress")
+    assert leaf.run("ingress", H0_PORT, tcp(dst=H2))[0] == TC_ACT_OK
+    assert leaf.count(H0_PORT, "in", class_of(H0), "bad_hdr")[0] == 1
+    assert leaf.sprayed().sum() == 0
+
+
+def test_src_and_dst_select_the_packets_a_fault_touches(leaf):
+    leaf.reset()
+    site, _ = leaf.set_fault("leaf0->spine1:blackhole,src=h0,dst=leaf1")
+    assert leaf.run("egress", 1, tcp(src=H0, dst=H2))[0] == TC_ACT_SHOT
+    assert leaf.run("egress", 1, tcp(src=H1, dst=H2))[0] == TC_ACT_OK
+    assert leaf.run("egress", 1, tcp(src=H0, dst=H4))[0] == TC_ACT_OK
+    assert leaf.run("egress", 1, Ether() / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
+    assert fault_stats(leaf, site) == (1, 1)
+
+
+def test_a_partial_fault_drops_whole_flows_in_proportion(leaf):
+    """2,000 flows (source ports), each sent twice: every flow's two packets share a verdict, and the
+    dropped share is within 5.3 standard deviations of 0.25 (fails a correct program about 1e-7)."""
+    leaf.reset()
+    leaf.set_fault("leaf0->spine1:partial=0.25")
+    n = 2000
+    dropped = 0
+    for sport in range(10_000, 10_000 + n):
+        a = leaf.run("egress", 1, tcp(sport=sport))[0]
+        b = leaf.run("egress", 1, tcp(sport=sport, payload=b"other"))[0]
+        assert a == b, sport
+        dropped += a == TC_ACT_SHOT
+    assert abs(dropped - n * 0.25) <= 5.3 * math.sqrt(n * 0.25 * 0.75), dropped
+
+
+def test_a_flapping_fault_acts_only_in_its_on_window(leaf):
+    leaf.reset()
+    site, record = leaf.set_fault("leaf0->spine1:blackhole,flap=5/5")
+    assert leaf.run("egress", 1, tcp())[0] == TC_ACT_SHOT          # t0 = now: inside the 5 s on window
+    record.t0_ns = time.monotonic_ns() - 7 * 10 ** 9                # now 7 s into the period: off
+    leaf.maps.set_fault(site.port, site.hook, record)
+    assert leaf.run("egress", 1, tcp())[0] == TC_ACT_OK
+    record.t0_ns = time.monotonic_ns() - 21 * 10 ** 9               # 21 s: the 3rd period's on window
+    leaf.maps.set_fault(site.port, site.hook, record)
+    assert leaf.run("egress", 1, tcp())[0] == TC_ACT_SHOT
+    assert fault_stats(leaf, site) == (3, 2)
+
+
+def test_clearing_a_fault_stops_it(leaf):
+    leaf.reset()
+    site, _ = leaf.set_fault("leaf0->spine1:blackhole")
+    leaf.maps.clear_fault(site.port, site.hook)
+    assert leaf.run("egress", 1, tcp())[0] == TC_ACT_OK
+
+
+# -- pulses -------------------------------------------------------------------------------------
+
+def pulses_expected(times_ns: list[int], gap_ms: float) -> int | None:
+    """Pulses the program must see for IPv4 packets at ``times_ns``: one more at each interval longer
+    than the gap. None when an interval lies within two clock units of the gap (the program compares
+    2^20 ns units, so such an interval could go either way)."""
+    gap = int(round(gap_ms * 1e6 / dp.PULSE_UNIT_NS)) * dp.PULSE_UNIT_NS
+    n = 1
+    for a, b in zip(times_ns, times_ns[1:]):
+        if abs((b - a) - gap) < 2 * dp.PULSE_UNIT_NS:
+            return None
+        n += (b - a) > gap
+    return n
+
+
+def timed_run(prog: Program, hook: str, port: int, frame) -> int:
+    """Run once; the time stamp is taken right after (a run takes microseconds)."""
+    prog.run(hook, port, frame)
+    return time.monotonic_ns()
+
+
+def test_an_idle_gap_longer_than_the_configured_one_starts_a_pulse(spine):
+    spine.reset(gap_ms=100.0)
+    times = [timed_run(spine, "ingress", 0, tcp())]
+    pid, last, start = spine.maps.pulse_state()
+    assert pid == 1 and 0 <= start - last < dp.PULSE_UNIT_NS
+    time.sleep(0.4)
+    spine.run("ingress", 1, Ether() / ARP())             # not IPv4: the pulse clock does not move
+    assert spine.maps.pulse_state()[0] == 1
+    spine.run("egress", 2, tcp())                        # the clock moves on ingress only (all a switch
+    assert spine.maps.pulse_state()[0] == 1              # sends came in on one of its ports)
+    times.append(timed_run(spine, "ingress", 2, tcp()))  # IPv4 in after 400 ms idle: the next pulse
+    pid, last, start2 = spine.maps.pulse_state()
+    assert pid == pulses_expected(times, 100.0) == 2
+    assert times[0] < start2 <= times[1] and 0 <= start2 - last < dp.PULSE_UNIT_NS
+
+
+def test_the_gap_runs_from_the_last_packet_not_the_pulse_start(spine):
+    """Packets every 20 ms for about 600 ms under a 150 ms gap: one pulse, though it lasts four gaps.
+    The expected count comes from the measured send times, so a busy machine that stalls this test
+    longer than the gap changes the expectation, not the verdict."""
+    for _ in range(3):
+        spine.reset(gap_ms=150.0)
+        times = []
+        for _ in range(30):
+            times.append(timed_run(spine, "ingress", 0, tcp()))
+            time.sleep(0.02)
+        expected = pulses_expected(times, 150.0)
+        if expected is not None:
+            assert spine.maps.pulse_state()[0] == expected
+            return
+    pytest.fail("three tries each had an interval within 2 ms of the gap")
+
+
+# -- the ring of pulses -------------------------------------------------------------------------
+
+def new_pulse(prog: Program, gap_ms: float) -> None:
+    """Wait out the gap (checked against the clock, so a stalled test cannot make it short)."""
+    t0 = time.monotonic_ns()
+    time.sleep(3 * gap_ms / 1e3)
+    assert time.monotonic_ns() - t0 > 2 * gap_ms * 1e6
+
+
+def test_each_pulse_keeps_its_own_counts_until_the_ring_comes_round(spine):
+    """Pulse k carries k packets; read after all of them, each pulse still has exactly its own, and
+    the ring's oldest are reported overwritten once RING later pulses have opened."""
+    gap = 5.0
+    spine.reset(gap_ms=gap)
+    ring = spine.maps.ring
+    n = ring + 3
+    for k in range(1, n + 1):
+        spine.run("ingress", 0, tcp(), repeat=k)
+        spine.run("egress", 1, tcp(), repeat=k)
+        new_pulse(spine, gap)
+    assert spine.maps.pulse_state()[0] == n
+    for pulse in range(n - ring + 1, n + 1):
+        got = spine.maps.read_pulse(pulse)
+        assert not got.overwritten
+        assert got.counts[0, 0, class_of(H0), dp.KINDS.index("tcp_data")] == pulse
+        assert got.counts[1, 1, class_of(H0), dp.KINDS.index("tcp_data")] == pulse
+        assert got.counts.sum() == 2 * pulse
+        assert got.start_ns > 0 and (got.end_ns + dp.PULSE_UNIT_NS > got.start_ns or pulse == n)   # end: ~1 ms units
+    for pulse in range(1, n - ring + 1):
+        assert spine.maps.read_pulse(pulse).overwritten, pulse
+    assert spine.maps.totals()[..., 0].sum() == n * (n + 1)
+    assert spine.maps.totals()[0, 0, dp.KINDS.index("tcp_data"), 1] == n * (n + 1) // 2 * len(tcp())
+
+
+def test_pulse_records_give_each_pulse_its_start_and_end(spine):
+    gap = 20.0
+    spine.reset(gap_ms=gap)
+    t0 = time.monotonic_ns()
+    spine.run("ingress", 0, tcp())
+    time.sleep(0.005)
+    spine.run("ingress", 0, tcp())
+    t1 = time.monotonic_ns()
+    new_pulse(spine, gap)
+    spine.run("ingress", 0, tcp())
+    first, second = spine.maps.read_pulse(1), spine.maps.read_pulse(2)
+    assert t0 <= first.start_ns <= t1
+    assert first.start_ns + 4_000_000 <= first.end_ns + dp.PULSE_UNIT_NS and first.end_ns <= t1
+    assert second.start_ns > first.end_ns and second.end_ns == 0          # still open
+
+
+def test_dsacks_go_to_the_pulse_they_came_in(leaf):
+    leaf.reset(gap_ms=5.0)
+    ack = 5000
+    dsack = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[("SAck", (ack - 100, ack - 50))])
+    leaf.run("ingress", H0_PORT, dsack)
+    new_pulse(leaf, 5.0)
+    leaf.run("ingress", H0_PORT, dsack, repeat=2)
+    assert leaf.maps.read_pulse(1).dups[H0_PORT, 0].tolist() == [1, 50]
+    assert leaf.maps.read_pulse(2).dups[H0_PORT, 0].tolist() == [2, 100]
