@@ -45,7 +45,7 @@ def cflags(site: Site) -> list[str]:
 
 def program_text(site: Site) -> str:
     """count.c and the same contract assertions the switch program compiles with."""
-    return SRC.read_text() + "\n" + dp.contract_asserts(shape(site))
+    return dp.source_text(SRC) + "\n" + dp.contract_asserts(shape(site))
 
 
 def local_ifindexes(site: Site) -> list[int]:

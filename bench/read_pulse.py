@@ -71,7 +71,7 @@ def main() -> int:
     p.add_argument("--cpus", type=int, default=128, help="CPU count to extrapolate to")
     a = p.parse_args()
     shape = dp.SwitchShape(a.ports, a.leaves, False, 0, 0)
-    text = (dp.BPF_DIR / "count.c").read_text() + "\n" + dp.contract_asserts(shape)
+    text = dp.source_text(dp.BPF_DIR / "count.c") + "\n" + dp.contract_asserts(shape)
     cflags = [f"-I{dp.BPF_DIR}", f"-DNPORTS={shape.nports}", f"-DNSRC={shape.nsrc}", f"-DFP_RING={shape.ring}"]
     t0 = time.perf_counter()
     bpf_obj, _ = dp.compile_program(text, cflags, ("fp_count_in", "fp_count_out"))

@@ -12,6 +12,7 @@ import ctypes as ct
 import ipaddress
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -180,9 +181,22 @@ def contract_asserts(shape: SwitchShape) -> str:
                                       "NPORTS * 2 * NSRC": shape.ncounters})
 
 
+SPLICE = re.compile(r"^// FLOWPULSE_SPLICE\(([\w.]+)\).*$", re.M)
+
+
+def source_text(path: Path) -> str:
+    """A program's C text as BCC compiles it: each ``// FLOWPULSE_SPLICE(file)`` line replaced by that
+    file of bpf/ (BCC rewrites map accesses only in the text it is given, not in #included files;
+    bpf/counting.inc says more)."""
+    def splice(m: re.Match) -> str:
+        name = m.group(1)
+        return f"// ---- {name} ----\n{(BPF_DIR / name).read_text()}// ---- end of {name} ----"
+    return SPLICE.sub(splice, path.read_text())
+
+
 def program_text(shape: SwitchShape) -> str:
-    """What one switch compiles: switch.c and the contract's assertions."""
-    return SRC.read_text() + "\n" + contract_asserts(shape)
+    """What one switch compiles: switch.c (counting.inc spliced in) and the contract's assertions."""
+    return source_text(SRC) + "\n" + contract_asserts(shape)
 
 
 def bpf_source_with_flags(shape: SwitchShape) -> str:

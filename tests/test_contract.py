@@ -77,3 +77,14 @@ def test_loading_a_drifted_datapath_fails_with_the_fact_named(monkeypatch):
     shape = dp.SwitchShape.of(Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=1)), "leaf0")
     with pytest.raises(EnvironmentProblem, match="disagree: FP_KIND_BADHDR: 3 in Python"):
         dp.compile_switch(shape)
+
+
+@pytest.mark.parametrize("program", ["switch.c", "count.c"])
+def test_both_programs_count_with_one_spliced_text(program):
+    """count.c (the site agent) and switch.c (the testbed) get bpf/counting.inc spliced in once each,
+    where they mark it: the maps and code that count are one text, not two copies."""
+    inc = (dp.BPF_DIR / "counting.inc").read_text()
+    text = dp.source_text(dp.BPF_DIR / program)
+    assert text.count(inc) == 1
+    assert not dp.SPLICE.search(text)                                  # every marker replaced
+    assert "u64 pulse_tick(" not in (dp.BPF_DIR / program).read_text()   # defined in counting.inc only

@@ -28,14 +28,9 @@
 static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
-BPF_PERCPU_ARRAY(counters, struct fp_count, FP_RING * NPORTS * 2 * NSRC);   // per pulse [slot][port][dir][src]
-BPF_PERCPU_ARRAY(dup, struct fp_dup, FP_RING * NPORTS * 2);   // [slot][port][dir]: segments carrying a D-SACK, bytes it reports
-BPF_PERCPU_ARRAY(totals, struct fp_counter, NPORTS * 2 * FP_NKIND);   // cumulative [port][dir][kind]
 BPF_HASH(ifindex_port, u32, u32, 256);             // this namespace's ifindex -> port
 BPF_ARRAY(port_ifindex, u32, NPORTS);              // port -> ifindex (redirect target)
 BPF_ARRAY(config, struct fp_config, 1);
-BPF_ARRAY(pulse, u64, 2);                          // [0] packed id/last time, [1] start ns
-BPF_ARRAY(pulses, struct fp_pulse_rec, FP_RING);   // each ring slot's pulse, start and end
 BPF_ARRAY(spray, struct fp_spray, NLEAVES);        // per destination leaf
 BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
 BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
@@ -55,58 +50,7 @@ static __always_inline u32 leaf_class(u32 addr_be) {
 #define fp_dest_class leaf_class
 #include "packet.h"
 
-// Map accesses stay in the compiled file (BCC rewrites them only there).
-// The pulse clock on an IPv4 packet: returns the current pulse id; a packet that
-// opens a pulse closes the previous one's record and starts its own.
-static __always_inline u64 pulse_tick(struct fp_config *cfg, u64 now) {
-    int k0 = 0, k1 = 1;
-    u64 *st = pulse.lookup(&k0);
-    u64 *start = pulse.lookup(&k1);
-    if (!st || !start)
-        return 0;
-    u64 closed = ~0ULL;
-    u64 id = pulse_advance(st, start, cfg->gap_units, now, &closed);
-    if (closed != ~0ULL) {
-        u32 ps = ring_slot(FP_PULSE_ID(closed));
-        struct fp_pulse_rec *prev = pulses.lookup(&ps);
-        if (prev && prev->pulse == FP_PULSE_ID(closed))
-            prev->end_ns = (closed & FP_PULSE_TIME_MASK) << FP_PULSE_UNIT_SHIFT;
-        u32 ns = ring_slot(id);
-        struct fp_pulse_rec *rec = pulses.lookup(&ns);
-        if (rec) {
-            rec->pulse = id;
-            rec->start_ns = now;
-            rec->end_ns = 0;
-        }
-    }
-    return id;
-}
-
-// The current pulse id, for packets that do not move the clock.
-static __always_inline u64 pulse_now(void) {
-    int k0 = 0;
-    u64 *st = pulse.lookup(&k0);
-    return st ? FP_PULSE_ID(*st) : 0;
-}
-
-static __always_inline void count(struct __sk_buff *skb, u32 port, u32 dir, struct pkt_info *pi, u64 id) {
-    u32 idx = counter_index(id, port, dir, pi);
-    struct fp_count *c = counters.lookup(&idx);
-    if (c)
-        ring_count(c, id, pi->kind);
-    u32 ti = total_index(port, dir, pi);
-    struct fp_counter *t = totals.lookup(&ti);
-    if (t) {
-        t->pkts += 1;
-        t->bytes += skb->len;
-    }
-    if (pi->dsack) {
-        u32 di = dup_index(id, port, dir);
-        struct fp_dup *d = dup.lookup(&di);
-        if (d)
-            ring_dup(d, id, pi->dsack);
-    }
-}
+// FLOWPULSE_SPLICE(counting.inc): the shared maps, pulse_tick(), pulse_now(), count()
 
 // Flow hash for "partial" faults (a fraction of flows); stable per 5-tuple.
 // Computed only when such a fault is set.
