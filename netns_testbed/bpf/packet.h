@@ -6,8 +6,8 @@
 // functions of an IPv4 address in network byte order:
 //   fp_source_class(addr): 1..NSRC-2 = source leaf + 1, 0 = other IPv4
 //   fp_dest_class(addr):   destination leaf + 1, 0 = none (only switch.c sprays by it)
-// Its maps (declared and looked up in the .c file: BCC rewrites map accesses only
-// in the file it compiles, so pulse_tick() and count() live there):
+// Its maps (declared and looked up in bpf/counting.inc, which the loader splices into
+// each program: BCC rewrites map accesses only in the text it compiles):
 //   counters  per-CPU fp_count, FP_RING * FP_NCOUNTERS: per pulse [slot][port][dir][src]
 //   dup       per-CPU fp_dup, FP_RING * NPORTS * 2: per-pulse D-SACKs [slot][port][dir]
 //   totals    per-CPU fp_counter, NPORTS * 2 * FP_NKIND: cumulative [port][dir][kind]
@@ -166,8 +166,8 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
 // word (*st) so that a racing CPU sees either the old or the new pair, never a
 // mix; *start is the current pulse's start time in ns. Returns the current
 // pulse id (24 bits); when this packet opened a new pulse, *closed is set to the
-// previous word (its id and last time unit). (BCC rewrites map accesses only in
-// the file it compiles, so each program looks the words up itself and calls this.)
+// previous word (its id and last time unit). (pulse_tick() in bpf/counting.inc
+// looks the words up and calls this.)
 #define FP_PULSE_ID(word) ((word) >> FP_PULSE_TIME_BITS)
 static __always_inline u64 pulse_advance(u64 *st, u64 *start, u32 gap_units, u64 now, u64 *closed) {
     u64 old = *st;
