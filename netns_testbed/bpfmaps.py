@@ -144,8 +144,7 @@ class PinnedArray:
         """Per-CPU values summed over the CPUs in numpy: a structured array of ``n`` elements.
         Every field of a per-CPU value FlowPulse keeps is an unsigned counter (wrapping sums)."""
         dt = _dtype(self.value_type)
-        raw = np.frombuffer(buf, dtype=np.uint8, count=n * self.ncpu * self._stride)
-        per_cpu = raw.reshape(n, self.ncpu, self._stride)[:, :, :dt.itemsize].copy().view(dt)[..., 0]
+        per_cpu = self._per_cpu(buf, n)
         out = np.zeros(n, dtype=dt)
         for name in dt.names:
             out[name] = per_cpu[name].sum(axis=1, dtype=dt[name])
@@ -162,7 +161,10 @@ class PinnedArray:
     def get_range_per_cpu(self, first: int, n: int) -> np.ndarray:
         """Elements ``first`` .. ``first + n - 1`` of a per-CPU map, each CPU's value apart: a
         structured array [n, ncpu] (one batch syscall)."""
-        buf = self._batch(first, n)
+        return self._per_cpu(self._batch(first, n), n)
+
+    def _per_cpu(self, buf: ct.Array, n: int) -> np.ndarray:
+        """A batch buffer of ``n`` per-CPU elements as a structured array [n, ncpu]."""
         dt = _dtype(self.value_type)
         if dt.itemsize == self._stride:            # no padding between CPUs' values: view it as it is
             return np.frombuffer(buf, dtype=dt, count=n * self.ncpu).reshape(n, self.ncpu)

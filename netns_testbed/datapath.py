@@ -44,7 +44,7 @@ PULSE_UNIT_NS = 1 << PULSE_UNIT_SHIFT
 HOOKS = {"ingress": 0, "egress": 1}
 MAX_PREFIXES = 1024
 RING = 16                 # pulses each switch keeps per counter (ring slots; -DFP_RING)
-PULSE_ID_BITS = 64 - 40   # the kernel's pulse id shares a word with the last packet's 40-bit time
+PULSE_ID_BITS = 64 - PULSE_TIME_BITS   # the kernel's pulse id shares a word with the last packet's time
 PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
              "faults", "fault_stats", "spray_stats")
 
