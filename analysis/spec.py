@@ -19,7 +19,7 @@ import yaml
 
 from agent.detector import DetectorConfig
 from netns_testbed.errors import SpecError
-from netns_testbed.faults import FaultSpec, parse_fault
+from netns_testbed.faults import Backend, FaultSpec, check_backend, parse_fault
 from netns_testbed.builder import UpOptions
 from netns_testbed.topo import Fabric, FabricSpec, check_prefix
 from workload.launcher import JobSpec, parse_size
@@ -43,6 +43,7 @@ def parse_scheduled(fabric: Fabric, text: str) -> ScheduledFault:
     """``LINK:KIND[=RATE][,MODS][@iter=K|@t=S]``; no ``@`` means from the first iteration."""
     body, at, when = (text or "").partition("@")
     fault = parse_fault(fabric, body)
+    check_backend(fault, Backend.BPF)      # experiments inject with the datapath's injector
     if not at:
         return ScheduledFault(fault, at_iter=0, text=text)
     key, _, value = when.partition("=")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from flowpulse.cli import Formatter, add_common, emit, table
+from netns_testbed.faults import BACKENDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -11,17 +12,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     fsub = p.add_subparsers(dest="fault_cmd", metavar="ACTION", required=True)
     add = fsub.add_parser(
         "add", help="set (or change) the fault on a directed link", formatter_class=Formatter,
-        epilog="FAULT is LINK:KIND[=RATE][,MOD=V...]; kinds drop, corrupt, blackhole, partial;\n"
-               "modifiers src=, dst= (host, leaf or CIDR), flows=FRACTION, flap=ON/OFF seconds.\n"
+        epilog="FAULT is LINK:KIND[=RATE][,MOD=V...]; kinds drop, corrupt, blackhole, partial, delay (netem);\n"
+               "modifiers src=, dst= (host, leaf or CIDR), flows=FRACTION, flap=ON/OFF seconds (bpf only).\n"
                "examples:\n  sudo flowpulse fault add 'leaf1->spine2:drop=0.01'\n"
                "  sudo flowpulse fault add 'spine0->leaf3:corrupt=0.015'\n"
                "  sudo flowpulse fault add 'leaf1->spine2:drop=0.05,src=h1,dst=h6'\n"
                "  sudo flowpulse fault add 'leaf0->spine1:partial=0.25'\n"
-               "  sudo flowpulse fault add 'h2->leaf1:blackhole,flap=1/3'\n")
+               "  sudo flowpulse fault add 'h2->leaf1:blackhole,flap=1/3'\n"
+               "  sudo flowpulse fault add --backend netem 'spine1->leaf0:delay=5ms'\n")
     add.add_argument("fault", metavar="FAULT")
-    add.add_argument("--backend", choices=("bpf", "netem"), default="bpf",
-                     help="bpf: the datapath's exact injector (all kinds); netem: kernel netem for plain drops, "
-                          "where the kernel has sch_netem")
+    add.add_argument("--backend", choices=BACKENDS, default="bpf",
+                     help="bpf: the datapath's exact injector (all kinds but delay); netem: the kernel's netem "
+                          "qdisc (drop, blackhole, corrupt, delay on a whole link), where the kernel has sch_netem")
     add_common(add)
     add.set_defaults(func=cmd_add)
     clr = fsub.add_parser("clear", help="clear the fault on a link (a->b or a<->b), or all", formatter_class=Formatter)
@@ -42,7 +44,9 @@ def cmd_add(args: argparse.Namespace) -> int:
     require_root()
     tb = Testbed.load(args.prefix)
     spec = faults.parse_fault(tb.fabric, args.fault)
-    replaced = faults.apply(tb, spec, backend=args.backend)
+    backend = faults.Backend(args.backend)
+    faults.check_backend(spec, backend)
+    replaced = faults.apply(tb, spec, backend=backend)
     emit(args, {"link": spec.link.name, "fault": spec.describe(), "replaced": replaced},
          lambda d: f"{'changed' if replaced else 'set'} {d['fault']}")
     return 0

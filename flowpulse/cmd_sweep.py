@@ -33,7 +33,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from analysis.sweep import SweepSpec, plot, rescore, run_sweep, table as sweep_table
     from flowpulse.cmd_experiment import spec_from_args
     from flowpulse.errors import SpecError
-    from netns_testbed.faults import KINDS
     from netns_testbed.nsutil import require_root
 
     if args.rescore:
@@ -49,7 +48,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ValueError:
         raise SpecError("bad --rates or --seeds: comma-separated numbers, e.g. --rates 0.005,0.01") from None
     for k in kinds:
-        if k not in KINDS or k in ("blackhole", "partial"):
+        if k not in ("drop", "corrupt"):
             raise SpecError(f"bad sweep kind {k!r}: use drop and/or corrupt")
     for r in rates:
         if not 0 < r <= 1:

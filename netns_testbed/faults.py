@@ -12,16 +12,33 @@ Text form (CLI and experiment specs)::
 
 Faults are applied by the BPF injector in the switch datapath, on the wire
 between the upstream counter and the downstream one (see ``Fabric.fault_site``).
-Where the kernel has ``sch_netem``, plain drops and blackholes can instead use
-netem on the upstream node's port (``backend="netem"``): its root qdisc runs
-after the upstream switch's egress counter, so the semantics are the same. The
-BPF injector stays the default: it is exact, present on every kernel with BPF,
-and does corruption of the header, partial and flapping faults, which netem
-cannot express.
+Where the kernel has ``sch_netem``, drops, blackholes, corruption and delay can
+instead use netem (``Backend.NETEM``): a root qdisc on the upstream node's port.
+The upstream switch's egress program runs before any qdisc (``tc`` egress is
+called from ``__dev_queue_xmit`` ahead of the enqueue), so netem acts after the
+upstream counter and before the downstream one, like the BPF injector. What
+differs (README, "Fault backends"):
+
+* corruption: the BPF injector damages the IPv4 header of a share of packets,
+  which the next hop drops as header errors; netem flips one random bit of the
+  frame's linear part (after completing a pending checksum), so a share
+  ``20 / frame length`` of the corrupted frames become header errors at the next
+  hop, a flip in the Ethernet header may change the frame's type or address,
+  and the rest reach the receiving host and fail its transport checksum there:
+  a loss the fabric's counters cannot see until the sender resends;
+* netem selects no traffic: no ``src=``, ``dst=``, ``flows=``, ``partial`` or
+  ``flap=`` (the BPF injector has them all);
+* delay exists only in netem (``delay=MS``: the BPF datapath has no queue to hold
+  packets in).
+
+The BPF injector stays the default: it is exact, present on every kernel with
+BPF, and counts what it selects and hits; netem's own statistics (packets sent
+and dropped by the qdisc) are what ``fault list`` shows for it.
 """
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import subprocess
 import time
@@ -40,13 +57,27 @@ class FaultKind(str, Enum):
     CORRUPT = "corrupt"      # damage the IPv4 header of a share (dropped downstream)
     BLACKHOLE = "blackhole"  # drop every packet
     PARTIAL = "partial"      # drop every packet of a share of the flows
+    DELAY = "delay"          # hold every packet for a while (netem only)
 
     def __str__(self) -> str:
         return self.value
 
 
 KINDS = tuple(k.value for k in FaultKind)
-BACKENDS = ("bpf", "netem")
+
+
+class Backend(str, Enum):
+    """What injects a fault: the datapath's BPF injector or the kernel's netem qdisc."""
+
+    BPF = "bpf"
+    NETEM = "netem"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+BACKENDS = tuple(b.value for b in Backend)
+MAX_DELAY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +108,7 @@ class FaultSpec:
     flows: float = 1.0       # fraction of flows (by hash) affected
     flap_on_s: float = 0.0   # flapping: on for this long ...
     flap_off_s: float = 0.0  # ... then off for this long
+    delay_s: float = 0.0     # delay: how long every packet is held
 
     def describe(self) -> str:
         text = f"{self.link.name}:{self.kind}"
@@ -84,6 +116,8 @@ class FaultSpec:
             text += f"={self.rate:g}"
         elif self.kind is FaultKind.PARTIAL:
             text += f"={self.flows:g}"
+        elif self.kind is FaultKind.DELAY:
+            text += f"={self.delay_s * 1000:g}ms"
         mods = []
         if self.src:
             mods.append(f"src={self.src.text}")
@@ -98,20 +132,23 @@ class FaultSpec:
     @property
     def effective_rate(self) -> float:
         """Probability that a packet on the link is hit (over selected traffic)."""
+        if self.kind is FaultKind.DELAY:
+            return 0.0
         return 1.0 if self.kind in (FaultKind.BLACKHOLE, FaultKind.PARTIAL) else self.rate
 
     def to_dict(self) -> dict:
         """JSON form (state file, reports): the link by name, endpoints with their resolved networks."""
         return {"link": self.link.name, "kind": self.kind.value, "rate": self.rate,
                 "src": self.src.to_dict() if self.src else None, "dst": self.dst.to_dict() if self.dst else None,
-                "flows": self.flows, "flap_on_s": self.flap_on_s, "flap_off_s": self.flap_off_s}
+                "flows": self.flows, "flap_on_s": self.flap_on_s, "flap_off_s": self.flap_off_s,
+                "delay_s": self.delay_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FaultSpec":
         a, _, b = d["link"].partition("->")
         ends = {k: Endpoint.from_dict(d[k]) if d.get(k) else None for k in ("src", "dst")}
         return cls(Link(a, b), FaultKind(d["kind"]), float(d["rate"]), ends["src"], ends["dst"], float(d["flows"]),
-                   float(d["flap_on_s"]), float(d["flap_off_s"]))
+                   float(d["flap_on_s"]), float(d["flap_off_s"]), float(d.get("delay_s", 0.0)))
 
 
 def _rate(text: str, what: str) -> float:
@@ -121,6 +158,20 @@ def _rate(text: str, what: str) -> float:
         raise SpecError(f"bad {what} {text!r}: must be a number in [0, 1]") from None
     if not (0.0 <= v <= 1.0) or math.isnan(v):
         raise SpecError(f"bad {what} {v:g}: must be in [0, 1] (e.g. 0.01 for 1%)")
+    return v
+
+
+def _delay(text: str) -> float:
+    """``5ms``, ``0.5ms``, ``1s`` or a bare number of milliseconds, in seconds."""
+    t = text.strip().lower()
+    scale = 1.0 if t.endswith("s") and not t.endswith("ms") else 1e-3
+    num = t[:-2] if t.endswith("ms") else t[:-1] if t.endswith("s") else t
+    try:
+        v = float(num) * scale
+    except ValueError:
+        raise SpecError(f"bad delay {text!r}: write delay=MS, e.g. delay=5ms") from None
+    if not (0.0 < v <= MAX_DELAY_S) or math.isnan(v):
+        raise SpecError(f"bad delay {text!r}: must be above 0 and at most {MAX_DELAY_S:g} s")
     return v
 
 
@@ -158,6 +209,10 @@ def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
         args["rate"] = _rate(value, f"{kind} rate")
     elif kind is FaultKind.PARTIAL:
         args["flows"] = _rate(value or "0.5", "partial flow fraction")
+    elif kind is FaultKind.DELAY:
+        if not value:
+            raise SpecError(f"fault {text!r} needs a time: delay=MS, e.g. delay=5ms")
+        args["delay_s"] = _delay(value)
     elif value:
         raise SpecError(f"fault kind {kind} takes no rate (got {value!r}); use drop=P for a rate")
     for mod in mods:
@@ -182,8 +237,20 @@ def parse_fault(fabric: Fabric, text: str) -> FaultSpec:
     return FaultSpec(**args)
 
 
+def check_backend(spec: FaultSpec, backend: Backend) -> None:
+    """Refuse, before anything is touched, a fault the backend cannot express (see the module docstring)."""
+    if backend is Backend.BPF and spec.kind is FaultKind.DELAY:
+        raise SpecError(f"the BPF injector cannot delay ({spec.describe()!r}): use --backend netem "
+                        "on a kernel with sch_netem")
+    if backend is Backend.NETEM:
+        if spec.kind is FaultKind.PARTIAL or spec.src or spec.dst or spec.flows < 1.0 or spec.flap_on_s:
+            raise SpecError(f"netem selects no traffic and does not flap ({spec.describe()!r}): "
+                            "netem does drop, blackhole, corrupt and delay on a whole link; use --backend bpf")
+
+
 def kernel_record(spec: FaultSpec) -> dp.Fault:
     """The BPF injector's record of a fault (the ``faults`` map's fp_fault)."""
+    check_backend(spec, Backend.BPF)
     kind = "blackhole" if spec.kind is FaultKind.PARTIAL else spec.kind.value
     period = spec.flap_on_s + spec.flap_off_s
     return dp.fault_struct(kind, spec.effective_rate,
@@ -192,19 +259,28 @@ def kernel_record(spec: FaultSpec) -> dp.Fault:
                            flow_frac=spec.flows, period_s=period, on_s=spec.flap_on_s)
 
 
-def _netem_argv(tb: Testbed, link, action: str, rate: float | None = None) -> list[str]:
-    """tc argv for netem on the upstream node's port of ``link`` (no shell)."""
+def netem_params(spec: FaultSpec) -> list[str]:
+    """The netem qdisc's parameters for a fault (tc's words, no shell)."""
+    check_backend(spec, Backend.NETEM)
+    if spec.kind is FaultKind.DELAY:
+        return ["delay", f"{spec.delay_s * 1e6:.0f}us"]
+    if spec.kind is FaultKind.CORRUPT:
+        return ["corrupt", f"{100 * spec.rate:.6f}%"]
+    return ["loss", f"{100 * spec.effective_rate:.6f}%"]
+
+
+def _netem_argv(tb: Testbed, link: Link, action: str, params: list[str] | None = None, stats: bool = False) -> list[str]:
+    """tc argv for netem on the upstream node's port of ``link``."""
     port = tb.fabric.port_to(link.src, link.dst)
-    argv = ["tc", "-n", tb.ns(link.src), "qdisc", action, "dev", port.ifname, "root"]
-    if rate is not None:
-        argv += ["netem", "loss", f"{100 * rate:.6f}%"]
+    head = ["tc", "-n", tb.ns(link.src)] + (["-s", "-j"] if stats else [])
+    argv = head + ["qdisc", action, "dev", port.ifname] + ([] if stats else ["root"])
+    if params is not None:
+        argv += ["netem", *params]
     return argv
 
 
-def _apply_netem(tb: Testbed, link, spec: FaultSpec) -> None:
-    if spec.kind not in (FaultKind.DROP, FaultKind.BLACKHOLE) or spec.src or spec.dst or spec.flows < 1.0 or spec.flap_on_s:
-        raise SpecError(f"netem backend does plain drop/blackhole only, not {spec.describe()!r}: use --backend bpf")
-    r = subprocess.run(_netem_argv(tb, link, "replace", spec.effective_rate), capture_output=True, text=True)
+def _apply_netem(tb: Testbed, link: Link, spec: FaultSpec) -> None:
+    r = subprocess.run(_netem_argv(tb, link, "replace", netem_params(spec)), capture_output=True, text=True)
     if r.returncode != 0:
         msg = (r.stderr.strip().splitlines() or ["tc failed"])[-1]
         if "unknown" in msg.lower():
@@ -212,19 +288,40 @@ def _apply_netem(tb: Testbed, link, spec: FaultSpec) -> None:
         raise EnvironmentProblem(f"tc netem on {link.name} failed: {msg}")
 
 
-def apply(tb: Testbed, spec: FaultSpec, backend: str = "bpf") -> bool:
+@dataclass(frozen=True)
+class NetemStats:
+    """A netem qdisc's own counts: packets it passed on and packets it dropped."""
+
+    sent: int
+    dropped: int
+
+
+def netem_stats(tb: Testbed, link: Link) -> NetemStats | None:
+    """The statistics of the netem qdisc on ``link``'s upstream port (None: there is none)."""
+    r = subprocess.run(_netem_argv(tb, link, "show", stats=True), capture_output=True, text=True)
+    try:
+        rows = json.loads(r.stdout) if r.returncode == 0 else []
+    except ValueError:
+        rows = []
+    for q in rows:
+        if q.get("kind") == "netem" and q.get("root"):
+            return NetemStats(int(q.get("packets", 0)), int(q.get("drops", 0)))
+    return None
+
+
+def apply(tb: Testbed, spec: FaultSpec, backend: Backend = Backend.BPF) -> bool:
     """Set (or change) the fault on its link; returns True if it replaced one."""
-    if backend not in BACKENDS:
-        raise SpecError(f"unknown fault backend {backend!r}: choose bpf or netem")
+    backend = Backend(backend)
+    check_backend(spec, backend)
     link = spec.link
     if link not in tb.fabric.links():
         raise SpecError(f"no link {link.name} in testbed {tb.prefix!r}: the fault was parsed for another fabric")
     site = tb.fabric.fault_site(link)
     with tb.locked():
         old = tb.state.faults.get(link.name)
-        if old and old.get("backend", "bpf") != backend:
+        if old and old.get("backend", "bpf") != backend.value:
             raise SpecError(f"{link.name} has a {old.get('backend', 'bpf')} fault: clear it before using {backend}")
-        if backend == "netem":
+        if backend is Backend.NETEM:
             _apply_netem(tb, link, spec)
         else:
             m = tb.maps(site.switch)
@@ -233,7 +330,7 @@ def apply(tb: Testbed, spec: FaultSpec, backend: str = "bpf") -> bool:
             finally:
                 m.close()
         replaced = link.name in tb.state.faults
-        tb.state.faults[link.name] = {**spec.to_dict(), "since": time.time(), "backend": backend}
+        tb.state.faults[link.name] = {**spec.to_dict(), "since": time.time(), "backend": backend.value}
         tb.save()
     return replaced
 
@@ -245,7 +342,7 @@ def clear(tb: Testbed, link_text: str | None = None) -> list[str]:
         cleared = []
         for link in links:
             rec = tb.state.faults.get(link.name) or {}
-            if rec.get("backend") == "netem":
+            if rec.get("backend") == Backend.NETEM.value:
                 subprocess.run(_netem_argv(tb, link, "del"), capture_output=True)
             else:
                 site = tb.fabric.fault_site(link)
@@ -261,21 +358,26 @@ def clear(tb: Testbed, link_text: str | None = None) -> list[str]:
 
 
 def listing(tb: Testbed) -> list[dict]:
-    """Active faults with the injector's own counts (packets selected / hit)."""
+    """Active faults with the injector's own counts: the BPF injector's packets selected / hit, or the
+    netem qdisc's packets through it / dropped (netem does not count what it corrupts or delays)."""
     out = []
     for name, rec in sorted(tb.state.faults.items()):
         link = tb.fabric.parse_link(name)
-        site = tb.fabric.fault_site(link)
-        m = tb.maps(site.switch)
-        try:
-            st = m.fault_stats(site.port, site.hook)
-        finally:
-            m.close()
         spec = FaultSpec.from_dict(rec)
-        netem = rec.get("backend") == "netem"
+        backend = Backend(rec.get("backend", "bpf"))
+        if backend is Backend.NETEM:
+            st = netem_stats(tb, link)
+            at = f"netem on {link.src} {tb.fabric.port_to(link.src, link.dst).ifname}"
+            matched = None if st is None else st.sent + st.dropped
+            hit = None if st is None else st.dropped if spec.kind in (FaultKind.DROP, FaultKind.BLACKHOLE) else None
+        else:
+            site = tb.fabric.fault_site(link)
+            m = tb.maps(site.switch)
+            try:
+                fs = m.fault_stats(site.port, site.hook)
+            finally:
+                m.close()
+            at, matched, hit = f"{site.switch} port {site.port} {site.hook}", fs.matched, fs.hit
         out.append({"link": name, "fault": spec.describe(), "kind": spec.kind, "rate": spec.effective_rate,
-                    "since": rec.get("since"), "backend": rec.get("backend", "bpf"),
-                    "at": f"netem on {link.src} {tb.fabric.port_to(link.src, link.dst).ifname}" if netem
-                    else f"{site.switch} port {site.port} {site.hook}",
-                    "matched": None if netem else st.matched, "hit": None if netem else st.hit})
+                    "since": rec.get("since"), "backend": backend.value, "at": at, "matched": matched, "hit": hit})
     return out

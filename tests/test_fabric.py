@@ -25,7 +25,7 @@ from netns_testbed.ping import all_pairs, unreachable_outside
 from netns_testbed.state import RUN_DIR, Testbed
 from netns_testbed.topo import namespace
 from tests.conftest import new_prefix
-from tests.traffic import mac_of, raw_send, settle, udp_blast
+from tests.traffic import mac_of, raw_send, settle, stable_snapshot, udp_blast
 
 pytestmark = pytest.mark.root
 Z = 5.0  # two-sided z for the statistical checks: false failure ~6e-7 per check
@@ -97,19 +97,6 @@ def test_spray_shares(default_testbed, mode):
         # packet; a few extra (ICMP errors, ARP-less control) may share the rotation
         ncpu = os.cpu_count() or 1
         assert got.max() - got.min() <= 2 * ncpu + 4, got
-
-
-def stable_snapshot(tb: Testbed):
-    """Our counters and the kernel's, read with nothing arriving in between (background ARP
-    can land between the two reads: then read again)."""
-    for _ in range(20):
-        ours = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
-        kern = {sw: interface_stats(tb.ns(sw)) for sw in tb.fabric.switches}
-        again = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
-        if again == ours:
-            return ours, kern
-        time.sleep(0.05)
-    raise AssertionError("fabric never quiet enough to compare counters")
 
 
 def test_counters_equal_kernel_statistics(default_testbed):
@@ -282,41 +269,6 @@ def test_flapping_fault(default_testbed):
         faults.clear(tb)
     matched, hit = d["leaf0->spine3"]
     assert matched > 0 and 0.15 < hit / matched < 0.85  # on about half of the time
-
-
-def test_netem_backend(default_testbed):
-    """netem where the kernel has it (plain drops only); a clear error where it does not."""
-    from netns_testbed.errors import EnvironmentProblem, SpecError
-
-    tb = default_testbed
-    with pytest.raises(SpecError, match="plain drop"):
-        faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:corrupt=0.1"), backend="netem")
-    has_netem = subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "add", "dev", "lo", "root", "netem"],
-                               capture_output=True).returncode == 0
-    spec = faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05")
-    if not has_netem:
-        with pytest.raises(EnvironmentProblem, match="no sch_netem"):
-            faults.apply(tb, spec, backend="netem")
-        assert "leaf0->spine1" not in Testbed.load(tb.prefix).state.faults
-        return
-    subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "del", "dev", "lo", "root"], capture_output=True)
-    def spine1_from_leaf0() -> int:
-        m = tb.maps("spine1")
-        try:
-            return int(m.totals()[0, 0, :3, 0].sum())
-        finally:
-            m.close()
-
-    faults.apply(tb, spec, backend="netem")
-    try:
-        before, got0 = uplink_pkts(tb, "leaf0"), spine1_from_leaf0()
-        udp_blast(tb, "h0", "h2", 8000, flows=8)
-        settle()
-        sent = (uplink_pkts(tb, "leaf0") - before)[1]
-        got = spine1_from_leaf0() - got0
-    finally:
-        faults.clear(tb, "leaf0->spine1")
-    assert sent > 0 and abs((sent - got) / sent - 0.05) < 0.03
 
 
 def test_out_of_service_uplink_carries_nothing(make_testbed):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import time
 
+from netns_testbed.counters import port_rows
+from netns_testbed.datapath import interface_stats
 from netns_testbed.nsutil import in_netns
 from netns_testbed.state import Testbed
 
@@ -61,3 +63,16 @@ def mac_of(tb: Testbed, node: str, ifname: str) -> str:
 
 def settle(seconds: float = 0.3) -> None:
     time.sleep(seconds)
+
+
+def stable_snapshot(tb: Testbed):
+    """Our counters and the kernel's, read with nothing arriving in between (background ARP
+    can land between the two reads: then read again)."""
+    for _ in range(20):
+        ours = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
+        kern = {sw: interface_stats(tb.ns(sw)) for sw in tb.fabric.switches}
+        again = {sw: {(r["port"], r["dir"]): r for r in port_rows(tb, [sw])} for sw in tb.fabric.switches}
+        if again == ours:
+            return ours, kern
+        time.sleep(0.05)
+    raise AssertionError("fabric never quiet enough to compare counters")

@@ -1,0 +1,207 @@
+"""netem, the second fault backend, and a small fabric on whatever kernel runs the tests.
+
+The tests that need ``sch_netem`` skip, saying so, on a kernel without it (this project's CI host:
+6.18 built without modules); ``scripts/guest-test.sh`` runs this module for real on Debian's stock
+6.1 kernel in a guest. The others run everywhere: spec parsing, what each backend refuses, and a
+2x2x1 fabric that pings and counts exactly like the kernel (the guest's smoke test).
+"""
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+
+import pytest
+
+from netns_testbed import faults
+from netns_testbed.errors import EnvironmentProblem, SpecError
+from netns_testbed.faults import Backend, FaultKind
+from netns_testbed.nsutil import snmp
+from netns_testbed.ping import all_pairs, unreachable_outside
+from netns_testbed.state import Testbed
+from netns_testbed.topo import Fabric, FabricSpec
+from tests.traffic import settle, stable_snapshot, udp_blast
+
+Z = 5.0   # two-sided z of the statistical checks: a false failure ~6e-7 per check
+UDP_PAYLOAD = 64
+FRAME = 14 + 20 + 8 + UDP_PAYLOAD   # what netem's random bit flip lands in (the frame is linear)
+
+
+# -- parsing (no root) ------------------------------------------------------------------------------
+def test_delay_spec_parses_and_only_netem_takes_it():
+    from analysis.spec import parse_scheduled
+
+    fab = Fabric(FabricSpec(2, 2, 1))
+    spec = faults.parse_fault(fab, "spine1->leaf0:delay=5ms")
+    assert (spec.kind, spec.delay_s, spec.describe()) == (FaultKind.DELAY, 0.005, "spine1->leaf0:delay=5ms")
+    assert faults.FaultSpec.from_dict(spec.to_dict()) == spec
+    assert faults.parse_fault(fab, "spine1->leaf0:delay=1s").delay_s == 1.0
+    assert faults.parse_fault(fab, "spine1->leaf0:delay=0.5").delay_s == 0.0005
+    assert faults.netem_params(spec) == ["delay", "5000us"]
+    assert faults.netem_params(faults.parse_fault(fab, "leaf0->spine1:corrupt=0.01")) == ["corrupt", "1.000000%"]
+    assert faults.netem_params(faults.parse_fault(fab, "leaf0->spine1:blackhole")) == ["loss", "100.000000%"]
+    for bad, word in (("delay", "needs a time"), ("delay=0ms", "above 0"), ("delay=11s", "at most"),
+                      ("delay=fast", "bad delay")):
+        with pytest.raises(SpecError, match=word):
+            faults.parse_fault(fab, f"spine1->leaf0:{bad}")
+    with pytest.raises(SpecError, match="cannot delay"):
+        faults.kernel_record(spec)
+    with pytest.raises(SpecError, match="cannot delay"):
+        parse_scheduled(fab, "spine1->leaf0:delay=5ms@iter=3")   # experiments use the BPF injector
+    for text in ("leaf0->spine1:partial=0.5", "leaf0->spine1:drop=0.1,src=h0", "leaf0->spine1:drop=0.1,flows=0.5",
+                 "leaf0->spine1:drop=0.1,flap=1/1", "leaf0->spine1:corrupt=0.1,dst=h1"):
+        with pytest.raises(SpecError, match="netem selects no traffic"):
+            faults.check_backend(faults.parse_fault(fab, text), Backend.NETEM)
+
+
+# -- a small fabric (root) --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small():
+    from netns_testbed import builder
+    from tests.conftest import new_prefix
+
+    prefix = new_prefix()
+    tb = builder.up(prefix, FabricSpec(2, 2, 1))
+    yield tb
+    builder.down(prefix)
+
+
+def netem_missing(tb: Testbed) -> str | None:
+    """Why this kernel cannot run netem (None: it can), probed on a namespace of the testbed."""
+    r = subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "add", "dev", "lo", "root", "netem"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or ["tc failed"])[-1]
+    subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    return None
+
+
+@pytest.fixture
+def netem(small):
+    why = netem_missing(small)
+    if why:
+        pytest.skip(f"this kernel has no sch_netem ({why}); scripts/guest-test.sh runs these on Debian's 6.1 kernel")
+    yield small
+    faults.clear(small)
+
+
+def port_counts(tb: Testbed, switch: str, peer: str, direction: int) -> tuple[int, int]:
+    """(frames of every kind, IPv4 frames with a broken header) on ``switch``'s port to ``peer``."""
+    m = tb.maps(switch)
+    try:
+        t = m.totals()
+    finally:
+        m.close()
+    port = tb.fabric.port_to(switch, peer).index
+    from netns_testbed.datapath import KINDS
+
+    row = t[port, direction, :, 0]
+    return int(row.sum()), int(row[KINDS.index("bad_hdr")])
+
+
+def link_delta(tb: Testbed, link: str, send) -> dict:
+    """Frames the upstream switch counted out on ``link``, the downstream one counted in, and the
+    downstream's header errors, over ``send()``."""
+    a, b = link.split("->")
+    up0, (dn0, bad0) = port_counts(tb, a, b, 1)[0], port_counts(tb, b, a, 0)
+    send()
+    settle(0.5)
+    up1, (dn1, bad1) = port_counts(tb, a, b, 1)[0], port_counts(tb, b, a, 0)
+    return {"up": up1 - up0, "down": dn1 - dn0, "bad_hdr": bad1 - bad0}
+
+
+@pytest.mark.root
+def test_small_fabric_pings_and_counts_like_the_kernel(small):
+    tb = small
+    assert [(r.src, r.dst) for r in all_pairs(tb) if not r.ok] == []
+    assert all(unreachable_outside(tb, h) for h in tb.fabric.hosts)
+    before, kb = stable_snapshot(tb)
+    udp_blast(tb, "h0", "h1", 2000, flows=4)
+    settle(0.5)
+    after, ka = stable_snapshot(tb)
+    moved = 0
+    for sw in tb.fabric.switches:
+        for p in tb.fabric.ports[sw]:
+            for d, kd in (("in", "rx"), ("out", "tx")):
+                ours = [after[sw][(p.index, d)][k] - before[sw][(p.index, d)][k] for k in ("pkts", "bytes")]
+                kern = [ka[sw][p.ifname][f"{kd}_{k}"] - kb[sw][p.ifname][f"{kd}_{k}"] for k in ("packets", "bytes")]
+                assert ours == kern, (sw, p.ifname, d)
+                moved += ours[0]
+    assert moved >= 2000 * 4   # every datagram through leaf0, a spine and leaf1, in and out
+
+
+@pytest.mark.root
+def test_netem_refused_cleanly_where_the_kernel_has_none(small):
+    tb = small
+    spec = faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05")
+    with pytest.raises(SpecError, match="netem selects no traffic"):
+        faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05,src=h0"), backend=Backend.NETEM)
+    with pytest.raises(SpecError, match="cannot delay"):
+        faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:delay=5ms"), backend=Backend.BPF)
+    if netem_missing(tb) is None:
+        pytest.skip("this kernel has sch_netem: the refusal is for kernels without it")
+    with pytest.raises(EnvironmentProblem, match="no sch_netem"):
+        faults.apply(tb, spec, backend=Backend.NETEM)
+    assert "leaf0->spine1" not in Testbed.load(tb.prefix).state.faults
+
+
+@pytest.mark.root
+def test_netem_drop_within_binomial_interval_and_listed_exactly(netem):
+    tb, p = netem, 0.05
+    faults.apply(tb, faults.parse_fault(tb.fabric, f"leaf0->spine1:drop={p}"), backend=Backend.NETEM)
+    row0 = faults.listing(tb)[0]
+    d = link_delta(tb, "leaf0->spine1", lambda: udp_blast(tb, "h0", "h1", 8000, flows=8))
+    row1 = faults.listing(tb)[0]
+    lost = d["up"] - d["down"]
+    # netem acts between the upstream counter and the downstream one, like the BPF injector
+    assert d["up"] >= 8000 / 2 * 0.9
+    assert abs(lost - d["up"] * p) < Z * math.sqrt(d["up"] * p * (1 - p)), d
+    # and `fault list` shows netem's own counts: exactly what the counters saw go missing
+    assert (row1["backend"], row1["at"]) == ("netem", f"netem on leaf0 {tb.fabric.port_to('leaf0', 'spine1').ifname}")
+    assert (row1["matched"] - row0["matched"], row1["hit"] - row0["hit"]) == (d["up"], lost)
+
+
+@pytest.mark.root
+def test_netem_changed_live_then_cleared(netem):
+    tb = netem
+    assert faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.02"), backend="netem") is False
+    assert faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.3"), backend="netem") is True
+    with pytest.raises(SpecError, match="clear it before"):
+        faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.3"), backend=Backend.BPF)
+    d = link_delta(tb, "leaf0->spine1", lambda: udp_blast(tb, "h0", "h1", 4000, flows=8))
+    lost = d["up"] - d["down"]
+    assert abs(lost - 0.3 * d["up"]) < Z * math.sqrt(d["up"] * 0.3 * 0.7), d
+    assert faults.clear(tb, "leaf0->spine1") == ["leaf0->spine1"]
+    assert faults.netem_stats(tb, tb.fabric.parse_link("leaf0->spine1")) is None
+    d = link_delta(tb, "leaf0->spine1", lambda: udp_blast(tb, "h0", "h1", 2000, flows=8))
+    assert d["up"] > 0 and d["up"] == d["down"], d
+
+
+@pytest.mark.root
+def test_netem_corruption_reaches_the_next_hop_as_header_errors_for_its_header_share(netem):
+    """netem flips one random bit of the frame: the next hop counts a header error when it lands in the
+    IPv4 header (20 of the frame's bytes); nothing is lost on the link itself."""
+    tb, p = netem, 0.3
+    faults.apply(tb, faults.parse_fault(tb.fabric, f"leaf0->spine1:corrupt={p}"), backend=Backend.NETEM)
+    csum0 = snmp(tb.ns("h1"))["Udp"]["InCsumErrors"]
+    d = link_delta(tb, "leaf0->spine1", lambda: udp_blast(tb, "h0", "h1", 8000, size=UDP_PAYLOAD, flows=8))
+    csum = snmp(tb.ns("h1"))["Udp"]["InCsumErrors"] - csum0
+    q = p * 20 / FRAME
+    print(f"netem corrupt={p}: {d['up']} frames, {d['bad_hdr']} header errors at spine1 (expected {q * d['up']:.0f}), "
+          f"{csum} UDP checksum errors at h1")
+    assert d["up"] == d["down"], d
+    assert abs(d["bad_hdr"] - d["up"] * q) < Z * math.sqrt(d["up"] * q * (1 - q)), d
+
+
+@pytest.mark.root
+def test_netem_delay_holds_the_packets_through_its_spine(netem):
+    """50 ms on leaf0->spine1: echo requests sprayed through spine1 come back 50 ms later, the others not."""
+    tb = netem
+    faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:delay=50ms"), backend=Backend.NETEM)
+    r = subprocess.run(["ip", "netns", "exec", tb.ns("h0"), "ping", "-n", "-c", "20",
+                        "-i", "0.2", "-W", "2", tb.fabric.host_ip("h1")], capture_output=True, text=True)
+    rtts = [float(x) for x in re.findall(r"time=([\d.]+) ms", r.stdout)]
+    assert len(rtts) == 20, r.stdout
+    slow = sum(1 for t in rtts if t >= 50.0)
+    assert 5 <= slow <= 15, rtts    # rrdst alternates the two spines: 10 of 20 expected
+    assert min(rtts) < 50.0
