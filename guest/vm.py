@@ -1,0 +1,153 @@
+"""Boot the guest, run tests in it, bring the results back.
+
+The guest runs ``run.sh`` (:data:`RUN_SH`) from the writable results share after
+``switch_root``: it mounts what a booted system has, links the unpacked
+kernel's modules under ``/lib/modules`` (the host's headers are already at
+``build``), loads the modules the testbed needs, runs pytest with the
+arguments from ``pytest.args`` (one per line, never through a shell) and writes
+``rc`` and ``pytest.log`` to the share before powering off. The host waits for
+qemu with a deadline, kills it on timeout or on its own SIGTERM (qemu also dies
+with its parent: ``PR_SET_PDEATHSIG``) and removes its working directory.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from guest.kernel import KernelTree, initramfs
+from netns_testbed.errors import EnvironmentProblem
+
+REPO = Path(__file__).resolve().parent.parent
+SHARE = "/flowpulse-guest"
+GUEST_MODULES = ("veth", "sch_ingress", "cls_bpf", "act_mirred", "sch_netem", "nf_tables", "bridge")
+
+RUN_SH = r"""#!/bin/bash
+# flowpulse guest: runs after switch_root, from the results share
+R=%(share)s
+exec > $R/guest.log 2>&1
+set -x
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /tmp
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+V=$(uname -r)
+mkdir -p /lib/modules/$V
+for f in %(kdir)s/lib/modules/$V/*; do
+    n=$(basename "$f")
+    [ -e "/lib/modules/$V/$n" ] || ln -s "$f" "/lib/modules/$V/$n"
+done
+modprobe -a %(modules)s
+ip link set lo up
+hostname flowpulse-guest
+export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1
+cd %(repo)s
+mapfile -t args < $R/pytest.args
+set +x
+echo "guest: kernel $V, $(nproc) CPUs, sch_netem $(lsmod | grep -q '^sch_netem' && echo loaded || echo missing)"
+start=$(date +%%s)
+%(python)s -m pytest -q -p no:cacheprovider "${args[@]}" > $R/pytest.log 2>&1
+echo $? > $R/rc
+echo "guest: pytest took $(( $(date +%%s) - start )) s"
+sync
+echo o > /proc/sysrq-trigger
+sleep 10
+"""
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    rc: int | None            # pytest's exit status (None: the guest never got that far)
+    summary: str              # pytest's last line, or what went wrong
+    seconds: float            # boot to power-off
+    pytest_log: str
+    guest_log: str
+    console: str
+
+
+class Stopped(Exception):
+    """SIGTERM while the guest ran: qemu was killed and the working directory removed."""
+
+
+def _on_term(signum, frame) -> None:
+    raise Stopped()
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
+def qemu_argv(tree: KernelTree, initrd: Path, share: Path, cpus: int, mem_mb: int) -> list[str]:
+    qemu = shutil.which("qemu-system-x86_64")
+    if not qemu:
+        raise EnvironmentProblem("qemu-system-x86_64 missing: apt-get install qemu-system-x86 (scripts/guest-test.sh does)")
+    # TCG with -cpu max: a KVM guest hung at the firmware here, and the default CPU model lacks
+    # instructions numpy and torch wheels use
+    return [qemu, "-cpu", "max", "-smp", str(cpus), "-m", str(mem_mb), "-nographic", "-no-reboot", "-nic", "none",
+            "-kernel", str(tree.vmlinuz), "-initrd", str(initrd),
+            "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
+            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+            "-virtfs", f"local,path={share},mount_tag=results,security_model=none"]
+
+
+def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3072, timeout_s: float = 900.0,
+        keep: Path | None = None, log=print) -> GuestResult:
+    """Boot ``tree``'s kernel, run ``pytest <pytest_args>`` in the project's checkout as root, return what happened."""
+    work = Path(tempfile.mkdtemp(prefix="flowpulse-guest-"))
+    share = work / "share"
+    share.mkdir()
+    try:
+        initrd = initramfs(tree, work / "initrd.gz")
+        (share / "pytest.args").write_text("".join(a + "\n" for a in pytest_args))
+        py = REPO / ".venv" / "bin" / "python"
+        if not py.exists():
+            raise EnvironmentProblem(f"{py} missing: run scripts/setup.sh first")
+        run_sh = share / "run.sh"
+        run_sh.write_text(RUN_SH % {"share": SHARE, "kdir": tree.root, "modules": " ".join(GUEST_MODULES),
+                                    "repo": REPO, "python": py})
+        run_sh.chmod(0o755)
+        argv = qemu_argv(tree, initrd, share, cpus, mem_mb)
+        log(f"guest: booting {tree.version} ({cpus} CPUs, {mem_mb} MiB, emulated), pytest {' '.join(pytest_args)}")
+        start = time.monotonic()
+        with open(work / "console.log", "wb") as console:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                    preexec_fn=_die_with_parent)
+            old = signal.signal(signal.SIGTERM, _on_term)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                signal.signal(signal.SIGTERM, old)
+                if proc.poll() is None:      # timed out, SIGTERM or Ctrl-C: the guest goes with us
+                    proc.kill()
+                    proc.wait()
+        took = time.monotonic() - start
+        read = lambda p: p.read_text(errors="replace") if p.exists() else ""   # noqa: E731
+        rc_text = read(share / "rc").strip()
+        pytest_log, guest_log, console_text = read(share / "pytest.log"), read(share / "guest.log"), read(work / "console.log")
+        if rc_text.isdigit():
+            lines = [l for l in pytest_log.splitlines() if l.strip()]
+            summary = lines[-1] if lines else "(pytest printed nothing)"
+            rc = int(rc_text)
+        elif took >= timeout_s:
+            rc, summary = None, f"the guest did not finish in {timeout_s:.0f} s"
+        else:
+            rc, summary = None, "the guest stopped before pytest ended: " + \
+                ((guest_log or console_text).strip().splitlines() or ["no output"])[-1]
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for name, text in (("pytest.log", pytest_log), ("guest.log", guest_log), ("console.log", console_text)):
+                (keep / name).write_text(text)
+        return GuestResult(rc, summary, took, pytest_log, guest_log, console_text)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
