@@ -28,6 +28,7 @@ from analysis import baselines
 from analysis.scoring import detection_summary
 from analysis.spec import ExperimentSpec, ScheduledFault
 from netns_testbed import builder, faults as fault_ops
+from netns_testbed.faults import Backend
 from netns_testbed.state import Testbed
 from workload.launcher import run_job
 
@@ -39,16 +40,17 @@ class FaultScheduler(threading.Thread):
     """Switches faults on when their start comes: in the idle gap before iteration K
     (rank 0 reports each iteration's end) or at t seconds after the job started."""
 
-    def __init__(self, tb: Testbed, scheduled: list[ScheduledFault], progress: Path, say: Callable[[str], None]):
+    def __init__(self, tb: Testbed, scheduled: list[ScheduledFault], progress: Path, say: Callable[[str], None],
+                 backend: Backend = Backend.BPF):
         super().__init__(daemon=True)
-        self.tb, self.scheduled, self.progress, self.say = tb, scheduled, progress, say
+        self.tb, self.scheduled, self.progress, self.say, self.backend = tb, scheduled, progress, say, backend
         self.stop = threading.Event()
         self.started_at: float | None = None
         self.applied: dict[str, float] = {}
         self.errors: list[str] = []
 
     def apply(self, sf: ScheduledFault) -> None:
-        fault_ops.apply(self.tb, sf.fault)
+        fault_ops.apply(self.tb, sf.fault, backend=self.backend)
         self.applied[sf.fault.link.name] = time.time()
         self.say(f"fault on: {sf.fault.describe()}")
 
@@ -91,6 +93,8 @@ class FaultScheduler(threading.Thread):
 def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], None] | None = None) -> dict:
     """Run it; returns report.json's content. The testbed is always removed."""
     spec.validate()
+    if spec.fault_backend is Backend.NETEM:
+        fault_ops.require_netem()
     say = progress or log.info
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
@@ -113,7 +117,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         job_dir = out / "workload"
         job_dir.mkdir(exist_ok=True)
         (job_dir / "progress.jsonl").unlink(missing_ok=True)
-        sched = FaultScheduler(tb, spec.faults, job_dir / "progress.jsonl", say)
+        sched = FaultScheduler(tb, spec.faults, job_dir / "progress.jsonl", say, spec.fault_backend)
         sched.start()
         job = run_job(tb, spec.job, job_dir, progress=say)
         sched.stop.set()

@@ -19,7 +19,7 @@ import yaml
 
 from agent.detector import DetectorConfig
 from netns_testbed.errors import SpecError
-from netns_testbed.faults import Backend, FaultSpec, check_backend, parse_fault
+from netns_testbed.faults import BACKENDS, Backend, FaultSpec, check_backend, parse_fault
 from netns_testbed.builder import UpOptions
 from netns_testbed.topo import Fabric, FabricSpec, check_prefix
 from workload.launcher import JobSpec, parse_size
@@ -43,7 +43,6 @@ def parse_scheduled(fabric: Fabric, text: str) -> ScheduledFault:
     """``LINK:KIND[=RATE][,MODS][@iter=K|@t=S]``; no ``@`` means from the first iteration."""
     body, at, when = (text or "").partition("@")
     fault = parse_fault(fabric, body)
-    check_backend(fault, Backend.BPF)      # experiments inject with the datapath's injector
     if not at:
         return ScheduledFault(fault, at_iter=0, text=text)
     key, _, value = when.partition("=")
@@ -74,6 +73,7 @@ class ExperimentSpec:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     seed: int = 0
     prefix: str = "fpx"
+    fault_backend: Backend = Backend.BPF
 
     def validate(self) -> "ExperimentSpec":
         """Every check that can be made before building anything."""
@@ -87,6 +87,7 @@ class ExperimentSpec:
             if link in seen:
                 raise SpecError(f"conflicting faults on {link}: {seen[link]!r} and {sf.text!r}; one fault per link")
             seen[link] = sf.text
+            check_backend(sf.fault, self.fault_backend)
             if link in oos:
                 raise SpecError(f"fault on {link} which is out of service (it carries no traffic): pick another link")
             if sf.at_iter is not None and sf.at_iter >= self.job.iterations:
@@ -106,7 +107,7 @@ class ExperimentSpec:
         return {"fabric": self.fabric.to_dict(), "spray": self.spray, "gap_ms": self.gap_ms,
                 "workload": asdict(self.job), "out_of_service": self.out_of_service,
                 "faults": [f.text for f in self.faults], "detector": self.detector.to_dict(),
-                "seed": self.seed, "prefix": self.prefix}
+                "seed": self.seed, "prefix": self.prefix, "fault_backend": self.fault_backend.value}
 
 
 def load_yaml(path: Path) -> dict:
@@ -148,7 +149,8 @@ def typed(value, kind: type, name: str):
 
 
 def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
-    known = {"fabric", "spray", "gap_ms", "workload", "out_of_service", "faults", "detector", "seed", "prefix"}
+    known = {"fabric", "spray", "gap_ms", "workload", "out_of_service", "faults", "detector", "seed", "prefix",
+             "fault_backend"}
     unknown = set(data) - known
     if unknown:
         raise SpecError(f"unknown spec field(s) {sorted(unknown)}: allowed are {sorted(known)}")
@@ -180,8 +182,12 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
     oos = data.get("out_of_service") or []
     if not isinstance(oos, list) or not all(isinstance(x, str) for x in oos):
         raise SpecError("out_of_service must be a list of links, e.g. ['leaf0<->spine3']")
+    backend_text = typed(data.get("fault_backend", "bpf"), str, "fault_backend")
+    if backend_text not in BACKENDS:
+        raise SpecError(f"bad fault_backend {backend_text!r}: choose {' or '.join(BACKENDS)}")
     spec = ExperimentSpec(fabric=fabric, spray=spray, gap_ms=gap_ms, job=job, out_of_service=list(oos), detector=det,
-                          seed=seed, prefix=typed(data.get("prefix", prefix), str, "prefix"))
+                          seed=seed, prefix=typed(data.get("prefix", prefix), str, "prefix"),
+                          fault_backend=Backend(backend_text))
     fab = Fabric(fabric)
     if not isinstance(data.get("faults") or [], list):
         raise SpecError("faults must be a list of 'LINK:KIND[=RATE][@iter=K]' strings")

@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse experiment --spec exp.yaml --out runs/y\n"
                "  sudo flowpulse experiment --spray rr --out-of-service 'leaf0<->spine3' \\\n"
                "       --fault 'spine0->leaf3:corrupt=0.015@t=12.5' --iterations 40 --out runs/z\n"
+               "  sudo flowpulse experiment --fault-backend netem --fault 'leaf0->spine1:drop=0.02@iter=5' --out runs/n\n"
                "FAULT is LINK:KIND[=RATE][,MODS][@iter=K|@t=SECONDS] (see `flowpulse fault add --help`).")
     add_experiment_args(p)
     p.set_defaults(func=cmd_experiment)
@@ -69,6 +70,8 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--out-of-service", action="append", default=None, metavar="LINK")
     p.add_argument("--fault", action="append", default=None, metavar="FAULT")
+    p.add_argument("--fault-backend", choices=("bpf", "netem"), default=None,
+                   help="what injects the faults: the datapath's BPF injector (default) or the kernel's netem")
     p.add_argument("--model", choices=("analytic", "learned"))
     p.add_argument("--fa-per-day", type=float, help="false-alert budget of the fabric per day (default 1)")
     p.add_argument("--pulse-hz", type=float, help="pulses per second per switch, for the budget (default 1)")
@@ -93,7 +96,7 @@ def spec_from_args(args: argparse.Namespace):
         if getattr(args, flag, None) is not None:
             w[key] = getattr(args, flag)
     data["workload"] = w
-    for flag in ("spray", "seed"):
+    for flag in ("spray", "seed", "fault_backend"):
         if getattr(args, flag, None) is not None:
             data[flag] = getattr(args, flag)
     if args.out_of_service is not None:
@@ -114,8 +117,11 @@ def _run(spec, out: Path, args) -> dict:
     from netns_testbed.nsutil import require_root
 
     from analysis.rundir import claim
+    from netns_testbed.faults import Backend, require_netem
 
     require_root()
+    if spec.fault_backend is Backend.NETEM:
+        require_netem()                     # before the run directory is claimed or anything built
     claim(out, getattr(args, "force", False))
     t0 = time.time()
     rep = run_experiment(spec, out, progress=lambda m: print(f"[{time.time() - t0:6.1f}s] {m}", file=sys.stderr))

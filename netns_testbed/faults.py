@@ -40,6 +40,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -286,6 +287,24 @@ def _apply_netem(tb: Testbed, link: Link, spec: FaultSpec) -> None:
         if "unknown" in msg.lower():
             raise EnvironmentProblem(f"this kernel has no sch_netem ({msg}): use the default --backend bpf")
         raise EnvironmentProblem(f"tc netem on {link.name} failed: {msg}")
+
+
+def netem_missing() -> str | None:
+    """Why this kernel cannot run netem (None: it can), probed in a scratch namespace of our own."""
+    ns = f"fpnetem{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+        return "cannot create a namespace to probe it"
+    try:
+        r = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem"], capture_output=True, text=True)
+        return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["tc failed"])[-1]
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def require_netem() -> None:
+    why = netem_missing()
+    if why:
+        raise EnvironmentProblem(f"this kernel has no sch_netem ({why}): use the default fault backend bpf")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ FRAME = 14 + 20 + 8 + UDP_PAYLOAD   # what netem's random bit flip lands in (the
 
 # -- parsing (no root) ------------------------------------------------------------------------------
 def test_delay_spec_parses_and_only_netem_takes_it():
-    from analysis.spec import parse_scheduled
+    from analysis.spec import from_dict
 
     fab = Fabric(FabricSpec(2, 2, 1))
     spec = faults.parse_fault(fab, "spine1->leaf0:delay=5ms")
@@ -46,8 +46,12 @@ def test_delay_spec_parses_and_only_netem_takes_it():
             faults.parse_fault(fab, f"spine1->leaf0:{bad}")
     with pytest.raises(SpecError, match="cannot delay"):
         faults.kernel_record(spec)
+    exp = {"fabric": {"leaves": 2, "spines": 2, "hosts_per_leaf": 1}, "faults": ["spine1->leaf0:delay=5ms@iter=3"]}
     with pytest.raises(SpecError, match="cannot delay"):
-        parse_scheduled(fab, "spine1->leaf0:delay=5ms@iter=3")   # experiments use the BPF injector
+        from_dict(exp).validate()                                 # experiments inject with BPF by default
+    assert from_dict({**exp, "fault_backend": "netem"}).validate().faults[0].fault.delay_s == 0.005
+    with pytest.raises(SpecError, match="bad fault_backend"):
+        from_dict({**exp, "fault_backend": "tc"})
     for text in ("leaf0->spine1:partial=0.5", "leaf0->spine1:drop=0.1,src=h0", "leaf0->spine1:drop=0.1,flows=0.5",
                  "leaf0->spine1:drop=0.1,flap=1/1", "leaf0->spine1:corrupt=0.1,dst=h1"):
         with pytest.raises(SpecError, match="netem selects no traffic"):
@@ -205,3 +209,26 @@ def test_netem_delay_holds_the_packets_through_its_spine(netem):
     slow = sum(1 for t in rtts if t >= 50.0)
     assert 5 <= slow <= 15, rtts    # rrdst alternates the two spines: 10 of 20 expected
     assert min(rtts) < 50.0
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("backend", ["netem", "bpf"])
+def test_drop_in_a_real_job_is_caught_and_named_with_either_backend(netem, backend, tmp_path):
+    """The same experiment with each backend where both exist: a 2% drop on leaf0->spine1 under a real
+    gloo allreduce (2x2x2, 4 ranks) is caught and its link named. (The BPF injector's own live tests run
+    everywhere: tests/test_agent_live.py; this pair is the comparison, on one kernel.)"""
+    from analysis.experiment import run_experiment
+    from analysis.spec import from_dict
+    from tests.conftest import new_prefix
+
+    spec = from_dict({"fabric": {"leaves": 2, "spines": 2, "hosts_per_leaf": 2}, "fault_backend": backend,
+                      "workload": {"size": "1MiB", "iterations": 40, "idle_ms": 300, "gloo_timeout_s": 120},
+                      "faults": ["leaf0->spine1:drop=0.02@iter=10"]}, prefix=new_prefix()).validate()
+    rep = run_experiment(spec, tmp_path / "run")
+    assert rep["workload"]["ok"], rep["workload"]
+    det = rep["detection"]["per_fault"][0]
+    print(f"{backend} 2% drop: detected {det['detected']}, localized to {det.get('localized_link')}, "
+          f"{det.get('iterations_to_detect')} iteration(s) to detect, "
+          f"{rep['detection']['false_positives']} false alert(s)")
+    assert det["detected"] and det["localization_correct"], det
+    assert rep["detection"]["false_positives"] == 0, rep["detection"]["false_alerts"]

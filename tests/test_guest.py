@@ -1,0 +1,91 @@
+"""The guest runner's pieces that need no guest: input checks, the initramfs it builds, qemu's argv.
+(Booting is what `sudo scripts/guest-test.sh` does; it is not part of this suite.)"""
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guest import kernel, vm
+from guest.__main__ import main
+from netns_testbed.errors import SpecError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fake_tree(tmp_path: Path) -> kernel.KernelTree:
+    tree = kernel.KernelTree("6.1.0-57-amd64", tmp_path / "k")
+    for m in kernel.INITRAMFS_MODULES:
+        d = tree.modules / "kernel" / "misc"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{m}.ko").write_bytes(b"\x7fELF" + m.encode())
+    (tree.root / "boot").mkdir(parents=True)
+    tree.vmlinuz.write_bytes(b"kernel")
+    return tree
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys):
+    for argv in (["--cpus", "0"], ["--mem", "10"], ["--timeout", "5"], ["--kernel", "6.1; rm -rf /"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("guest-test: bad"), (argv, err)
+    with pytest.raises(SpecError, match="e.g. 6.1.0-57-amd64"):
+        kernel.check_version("latest")
+    assert kernel.check_version("6.1.0-57-amd64") == "6.1.0-57-amd64"
+
+
+def test_keep_must_be_a_directory(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["--keep", str(f)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_not_root_is_told_to_use_sudo():
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    r = subprocess.run([*drop, sys.executable, "-m", "guest"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 3 and r.stderr.strip().splitlines() == [
+        "guest-test: the guest runs its tests as root over the host's root filesystem: run with sudo"], r.stderr
+
+
+@pytest.mark.skipif(not kernel.BUSYBOX.exists(), reason="busybox-static not installed (scripts/guest-test.sh installs it)")
+def test_initramfs_holds_busybox_init_and_the_modules_in_order(tmp_path):
+    tree = fake_tree(tmp_path)
+    out = kernel.initramfs(tree, tmp_path / "initrd.gz")
+    listing = subprocess.run(["cpio", "-t", "--quiet"], input=gzip.decompress(out.read_bytes()),
+                             capture_output=True).stdout.decode().split()
+    assert {"init", "bin/busybox"} <= set(listing)
+    assert {f"mods/{m}.ko" for m in kernel.INITRAMFS_MODULES} <= set(listing)
+    assert not (tmp_path / "initrd.d").exists()
+    init = kernel.INIT % {"modules": " ".join(kernel.INITRAMFS_MODULES)}
+    assert "for m in virtio_ring virtio " in init and "switch_root /newroot /bin/bash /flowpulse-guest/run.sh" in init
+
+
+def test_missing_module_names_itself(tmp_path):
+    tree = fake_tree(tmp_path)
+    (tree.modules / "kernel" / "misc" / "9p.ko").unlink()
+    with pytest.raises(kernel.EnvironmentProblem, match="no module 9p.ko"):
+        tree.module("9p")
+
+
+def test_qemu_argv_shares_root_read_only_and_has_no_network(tmp_path, monkeypatch):
+    monkeypatch.setattr(vm.shutil, "which", lambda name: "/usr/bin/" + name)
+    tree = fake_tree(tmp_path)
+    argv = vm.qemu_argv(tree, tmp_path / "initrd.gz", tmp_path / "share", 2, 3072)
+    text = " ".join(argv)
+    assert "-nic none" in text and "-cpu max" in text and "-enable-kvm" not in text
+    assert "local,path=/,mount_tag=hostroot,security_model=none,readonly=on" in text
+    assert f"local,path={tmp_path / 'share'},mount_tag=results" in text
+    monkeypatch.setattr(vm.shutil, "which", lambda name: None)
+    with pytest.raises(vm.EnvironmentProblem, match="apt-get install qemu-system-x86"):
+        vm.qemu_argv(tree, tmp_path / "initrd.gz", tmp_path / "share", 2, 3072)
+
+
+def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
+    text = vm.RUN_SH % {"share": vm.SHARE, "kdir": "/k", "modules": "veth", "repo": "/r", "python": "/r/.venv/bin/python"}
+    assert 'mapfile -t args < $R/pytest.args' in text and '"${args[@]}"' in text
+    assert "echo $? > $R/rc" in text
