@@ -126,7 +126,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         data = [builder.status(args.prefix)]
     else:
         data = [builder.status(p) for p in sorted(beds)]
-    emit(args, data, lambda d: table(d, ["prefix", "status", "namespaces", "spray", "faults", "healthy"]))
+    emit(args, data, lambda d: table(d, ["prefix", "status", "namespaces", "spray", "hook", "faults", "healthy"]))
     return 0 if all(d.get("healthy") for d in data) else 1
 
 

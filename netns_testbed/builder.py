@@ -9,6 +9,7 @@ idempotent. The namespaces have no link to the root namespace, hence no route ou
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -27,6 +28,9 @@ from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, na
 
 log = logging.getLogger("flowpulse.testbed")
 OFFLOADS = ("tso", "gso", "gro")
+# How the programs are attached: tc clsact on every kernel (tcx links, 6.6+, are not built: the site
+# agent's counting program must run before the testbed's on a port, and both would have to move together)
+HOOK = "tc clsact"
 
 
 @dataclass
@@ -300,6 +304,7 @@ def status(prefix: str) -> dict:
         out.update({"status": tb.state.status, "fabric": tb.state.fabric, "spray": tb.state.spray,
                     "gap_ms": tb.state.gap_ms, "out_of_service": tb.state.out_of_service,
                     "faults": sorted(tb.state.faults), "datapath": tb.state.datapath,
+                    "hook": HOOK, "kernel": os.uname().release,
                     "expected_namespaces": len(tb.fabric.nodes)})
         out["healthy"] = len(names) == len(tb.fabric.nodes)
     except StateError as e:

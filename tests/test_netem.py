@@ -8,6 +8,7 @@ The tests that need ``sch_netem`` skip, saying so, on a kernel without it (this 
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 
@@ -116,7 +117,11 @@ def link_delta(tb: Testbed, link: str, send) -> dict:
 
 @pytest.mark.root
 def test_small_fabric_pings_and_counts_like_the_kernel(small):
+    from netns_testbed import builder
+
     tb = small
+    st = builder.status(tb.prefix)
+    assert (st["healthy"], st["hook"], st["kernel"]) == (True, "tc clsact", os.uname().release), st
     assert [(r.src, r.dst) for r in all_pairs(tb) if not r.ok] == []
     assert all(unreachable_outside(tb, h) for h in tb.fabric.hosts)
     before, kb = stable_snapshot(tb)
