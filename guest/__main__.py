@@ -9,7 +9,7 @@ from pathlib import Path
 
 from netns_testbed.errors import EnvironmentProblem, SpecError
 
-DEFAULT_TESTS = ["--timeout=600", "tests/test_netem.py"]
+DEFAULT_TESTS = ["--timeout=900", "tests/test_netem.py"]
 EPILOG = """examples:
   sudo scripts/guest-test.sh                                   # tests/test_netem.py on Debian's 6.1 kernel
   sudo scripts/guest-test.sh -- tests/test_netem.py -k drop    # a chosen set (pytest arguments after --)
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "scripts/setup.sh installed for BCC)")
     p.add_argument("--cpus", type=int, default=2, help="guest CPUs (emulated; default 2)")
     p.add_argument("--mem", type=int, default=3072, help="guest memory in MiB (default 3072)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds before the guest is killed (default 900)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the guest is killed (default 1800)")
     p.add_argument("--keep", type=Path, help="copy the guest's pytest, run and console logs to this directory")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help=f"default: {' '.join(DEFAULT_TESTS)}")

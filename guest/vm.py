@@ -99,7 +99,7 @@ def qemu_argv(tree: KernelTree, initrd: Path, share: Path, cpus: int, mem_mb: in
             "-virtfs", f"local,path={share},mount_tag=results,security_model=none"]
 
 
-def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3072, timeout_s: float = 900.0,
+def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3072, timeout_s: float = 1800.0,
         keep: Path | None = None, log=print) -> GuestResult:
     """Boot ``tree``'s kernel, run ``pytest <pytest_args>`` in the project's checkout as root, return what happened."""
     work = Path(tempfile.mkdtemp(prefix="flowpulse-guest-"))
