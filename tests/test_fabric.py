@@ -25,7 +25,7 @@ from netns_testbed.ping import all_pairs, unreachable_outside
 from netns_testbed.state import RUN_DIR, Testbed
 from netns_testbed.topo import namespace
 from tests.conftest import new_prefix
-from tests.traffic import mac_of, raw_send, settle, stable_snapshot, udp_blast
+from tests.traffic import assert_counters_equal_kernel, mac_of, raw_send, settle, stable_snapshot, udp_blast
 
 pytestmark = pytest.mark.root
 Z = 5.0  # two-sided z for the statistical checks: false failure ~6e-7 per check
@@ -118,16 +118,7 @@ def test_counters_equal_kernel_statistics(default_testbed):
     raw_send(tb, "h0", frames)
     settle(0.5)
     after, ka = stable_snapshot(tb)
-    checked = 0
-    for sw in tb.fabric.switches:
-        for p in tb.fabric.ports[sw]:
-            for d, kd in (("in", "rx"), ("out", "tx")):
-                ours_p = after[sw][(p.index, d)]["pkts"] - before[sw][(p.index, d)]["pkts"]
-                ours_b = after[sw][(p.index, d)]["bytes"] - before[sw][(p.index, d)]["bytes"]
-                kern_p = ka[sw][p.ifname][f"{kd}_packets"] - kb[sw][p.ifname][f"{kd}_packets"]
-                kern_b = ka[sw][p.ifname][f"{kd}_bytes"] - kb[sw][p.ifname][f"{kd}_bytes"]
-                assert (ours_p, ours_b) == (kern_p, kern_b), (sw, p.ifname, d)
-                checked += ours_p
+    checked = assert_counters_equal_kernel(tb, before, kb, after, ka)
     assert checked >= 2 * 68
     row_a, row_b = after["leaf0"][(4, "in")], before["leaf0"][(4, "in")]
     delta = {k: row_a[k] - row_b[k] for k in KINDS}

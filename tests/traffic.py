@@ -76,3 +76,17 @@ def stable_snapshot(tb: Testbed):
             return ours, kern
         time.sleep(0.05)
     raise AssertionError("fabric never quiet enough to compare counters")
+
+
+def assert_counters_equal_kernel(tb: Testbed, before, kb, after, ka) -> int:
+    """Per switch port and direction, our packet and byte counts moved exactly as the kernel's interface
+    statistics between two :func:`stable_snapshot` s; returns the packets counted."""
+    moved = 0
+    for sw in tb.fabric.switches:
+        for p in tb.fabric.ports[sw]:
+            for d, kd in (("in", "rx"), ("out", "tx")):
+                ours = [after[sw][(p.index, d)][k] - before[sw][(p.index, d)][k] for k in ("pkts", "bytes")]
+                kern = [ka[sw][p.ifname][f"{kd}_{k}"] - kb[sw][p.ifname][f"{kd}_{k}"] for k in ("packets", "bytes")]
+                assert ours == kern, (sw, p.ifname, d, ours, kern)
+                moved += ours[0]
+    return moved
