@@ -407,6 +407,13 @@ def test_bad_fault_input(default_testbed):
                        ("leaf1->leaf2:drop=0.1", "no link"), ("leaf1->spine2:melt", "unknown fault kind")]:
         r = cli("fault", "add", text, "--prefix", p)
         assert r.returncode == 2 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for args, word in [(["leaf1->spine2:delay=5ms"], "cannot delay"),
+                       (["--backend", "netem", "leaf1->spine2:partial=0.5"], "netem selects no traffic"),
+                       (["--backend", "netem", "leaf1->spine2:drop=0.1,src=h0"], "netem selects no traffic"),
+                       (["leaf1->spine2:delay=99s"], "at most")]:
+        r = cli("fault", "add", *args, "--prefix", p)
+        assert r.returncode == 2 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert Testbed.load(p).state.faults == {}
     r = cli("fault", "add", "leaf1->spine2:drop=0.1", "--prefix", "nosuch")
     assert r.returncode == 4 and "no testbed" in r.stderr
 
