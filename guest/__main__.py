@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help=f"default: {' '.join(DEFAULT_TESTS)}")
     args = p.parse_args(argv)
     log = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
-    try:
-        from guest import kernel, vm
+    from guest import kernel, vm
 
+    try:
         if not 1 <= args.cpus <= 64 or not 1024 <= args.mem <= 65536 or not 30 <= args.timeout <= 7200:
             raise SpecError("bad --cpus/--mem/--timeout: 1-64 CPUs, 1024-65536 MiB, 30-7200 s")
         if args.keep is not None and args.keep.exists() and not args.keep.is_dir():
