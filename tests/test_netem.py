@@ -71,19 +71,9 @@ def small():
     builder.down(prefix)
 
 
-def netem_missing(tb: Testbed) -> str | None:
-    """Why this kernel cannot run netem (None: it can), probed on a namespace of the testbed."""
-    r = subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "add", "dev", "lo", "root", "netem"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return (r.stderr.strip().splitlines() or ["tc failed"])[-1]
-    subprocess.run(["tc", "-n", tb.ns("h0"), "qdisc", "del", "dev", "lo", "root"], capture_output=True)
-    return None
-
-
 @pytest.fixture
 def netem(small):
-    why = netem_missing(small)
+    why = faults.netem_missing()
     if why:
         pytest.skip(f"this kernel has no sch_netem ({why}); scripts/guest-test.sh runs these on Debian's 6.1 kernel")
     yield small
@@ -140,7 +130,7 @@ def test_netem_refused_cleanly_where_the_kernel_has_none(small):
         faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:drop=0.05,src=h0"), backend=Backend.NETEM)
     with pytest.raises(SpecError, match="cannot delay"):
         faults.apply(tb, faults.parse_fault(tb.fabric, "leaf0->spine1:delay=5ms"), backend=Backend.BPF)
-    if netem_missing(tb) is None:
+    if faults.netem_missing() is None:
         pytest.skip("this kernel has sch_netem: the refusal is for kernels without it")
     with pytest.raises(EnvironmentProblem, match="no sch_netem"):
         faults.apply(tb, spec, backend=Backend.NETEM)
