@@ -28,6 +28,11 @@ def test_each_workload_localizes_a_leaf_spine_and_a_spine_leaf_fault_at_once(tmp
         assert pf["iterations_to_detect"] <= 2, pf
         # named within a few iterations of its onset (the owner's verdict needs two of its pulses)
         assert pf["seconds_to_localize"] is not None, pf
+        # the first alert comes from a switch downstream of the link, which saw it in its own counters
+        # (a leaf downstream of the spine it crosses, or the link's own downstream switch)
+        first = pf["first_alert"]
+        assert first["switch"] == pf["link"].split("->")[1] or first["switch"].startswith("leaf"), pf
+        assert 0.01 < first["estimated_rate"] < 0.04, pf
     assert set(named) == {"leaf2->spine1", "spine3->leaf0"}
 
 
