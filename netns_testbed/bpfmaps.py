@@ -324,3 +324,109 @@ def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, byt
                         data_in=ct.addressof(data_in), data_out=ct.addressof(data_out), repeat=repeat)
     _bpf(BPF_PROG_TEST_RUN, attr)
     return ct.c_int32(attr.retval).value, data_out.raw[:attr.data_size_out]
+
+
+# -- copies of a compiled program: one compile, one set of maps and programs per switch ------------
+BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
+BPF_PROG_TYPE_SCHED_CLS = 3
+BPF_PSEUDO_MAP_FD = 1
+BPF_LD_IMM64 = 0x18       # BPF_LD | BPF_IMM | BPF_DW: a 64-bit immediate over two instructions
+
+
+class _MapInfo(ct.Structure):      # the head of struct bpf_map_info
+    _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("key_size", ct.c_uint32),
+                ("value_size", ct.c_uint32), ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32),
+                ("name", ct.c_char * 16)]
+
+
+class _MapCreateAttr(ct.Structure):
+    _fields_ = [("map_type", ct.c_uint32), ("key_size", ct.c_uint32), ("value_size", ct.c_uint32),
+                ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32), ("inner_map_fd", ct.c_uint32),
+                ("numa_node", ct.c_uint32), ("map_name", ct.c_char * 16)]
+
+
+class _ProgLoadAttr(ct.Structure):
+    _fields_ = [("prog_type", ct.c_uint32), ("insn_cnt", ct.c_uint32), ("insns", ct.c_uint64),
+                ("license", ct.c_uint64), ("log_level", ct.c_uint32), ("log_size", ct.c_uint32),
+                ("log_buf", ct.c_uint64), ("kern_version", ct.c_uint32), ("prog_flags", ct.c_uint32),
+                ("prog_name", ct.c_char * 16)]
+
+
+class MapSpec(tuple):
+    """(type, key size, value size, entries, flags, name) of a map, enough to create another like it."""
+
+    __slots__ = ()
+
+    def __new__(cls, map_type: int, key_size: int, value_size: int, max_entries: int, flags: int, name: bytes):
+        return super().__new__(cls, (map_type, key_size, value_size, max_entries, flags, name))
+
+    @property
+    def name(self) -> str:
+        return self[5].decode(errors="replace")
+
+
+def map_spec(fd: int) -> MapSpec:
+    """What the kernel says of the map behind ``fd`` (BPF_OBJ_GET_INFO_BY_FD)."""
+    info = _MapInfo()
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=ct.sizeof(info), info=ct.addressof(info)))
+    return MapSpec(info.type, info.key_size, info.value_size, info.max_entries, info.map_flags, info.name)
+
+
+def map_create(spec: MapSpec) -> int:
+    """A new, empty map like ``spec`` (BPF_MAP_CREATE); returns its descriptor."""
+    t, k, v, n, flags, name = spec
+    return _bpf(BPF_MAP_CREATE, _MapCreateAttr(map_type=t, key_size=k, value_size=v, max_entries=n,
+                                               map_flags=flags, map_name=name[:15]))
+
+
+def _imm64_loads(insns: bytes):
+    """Offsets of the 64-bit immediate loads that name a map descriptor (BPF_PSEUDO_MAP_FD), walking
+    the instructions in order (the second half of such a load is not an instruction of its own)."""
+    i = 0
+    while i + 8 <= len(insns):
+        if insns[i] == BPF_LD_IMM64:
+            if insns[i + 1] >> 4 == BPF_PSEUDO_MAP_FD:
+                yield i
+            i += 16
+        else:
+            i += 8
+
+
+def map_fds_in(insns: bytes) -> list[int]:
+    """The map descriptors a program's instructions load, each once, in order of first use."""
+    out: list[int] = []
+    for i in _imm64_loads(insns):
+        fd = int.from_bytes(insns[i + 4:i + 8], "little", signed=True)
+        if fd not in out:
+            out.append(fd)
+    return out
+
+
+def patch_map_fds(insns: bytes, fds: dict[int, int]) -> bytes:
+    """``insns`` with every map descriptor ``old`` that a 64-bit immediate load names replaced by
+    ``fds[old]``; a descriptor missing from ``fds`` is a KeyError (the copy would use the template's map)."""
+    out = bytearray(insns)
+    for i in _imm64_loads(insns):
+        old = int.from_bytes(insns[i + 4:i + 8], "little", signed=True)
+        out[i + 4:i + 8] = fds[old].to_bytes(4, "little", signed=True)
+    return bytes(out)
+
+
+def prog_load(insns: bytes, name: str, license: bytes = b"GPL", prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> int:
+    """Load ``insns`` as a program (BPF_PROG_LOAD); returns its descriptor. On a refusal, the
+    OSError's message ends with the verifier's last lines."""
+    code = ct.create_string_buffer(insns, len(insns))
+    lic = ct.create_string_buffer(license)
+    attr = _ProgLoadAttr(prog_type=prog_type, insn_cnt=len(insns) // 8, insns=ct.addressof(code),
+                         license=ct.addressof(lic), prog_name=name.encode()[:15])
+    try:
+        return _bpf(BPF_PROG_LOAD, attr)
+    except OSError as e:
+        log = ct.create_string_buffer(1 << 20)
+        attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ct.addressof(log)
+        try:
+            return _bpf(BPF_PROG_LOAD, attr)      # loads after all (a passing retry): use it
+        except OSError:
+            tail = " | ".join(log.value.decode(errors="replace").strip().splitlines()[-3:])
+            raise OSError(e.errno, f"loading {name}: {os.strerror(e.errno)}: {tail}") from None

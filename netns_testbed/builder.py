@@ -228,25 +228,26 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
     if r.returncode != 0:
         raise EnvironmentProblem(f"cannot mount bpffs at {bpffs} ({r.stderr.strip()}): the kernel needs CONFIG_BPF_SYSCALL")
     tb = Testbed(state)
+    loader = dp.Loader()          # one compile per program shape: the leaves share one, the spines another
     for sw in fabric.switches:
-        shape = dp.SwitchShape.of(fabric, sw)
-        bpf, f_in, f_out = dp.compile_switch(shape)
-        dp.pin_maps(bpf, dp.pin_dir(sdir, sw))
-        maps = dp.SwitchMaps(fabric, sdir, sw)
+        prog = loader.load(dp.SwitchShape.of(fabric, sw))
         try:
-            maps.set_ports(ifindexes[sw])
-            maps.set_config(state.spray, state.gap_ms)
-            maps.set_spray(state.weights, tb.out_of_service)
+            dp.pin_maps(prog, dp.pin_dir(sdir, sw))
+            maps = dp.SwitchMaps(fabric, sdir, sw)
+            try:
+                maps.set_ports(ifindexes[sw])
+                maps.set_config(state.spray, state.gap_ms)
+                maps.set_spray(state.weights, tb.out_of_service)
+            finally:
+                maps.close()
+            with IPRoute(netns=namespace(prefix, sw)) as ipr:
+                for idx in ifindexes[sw]:
+                    ipr.tc("add", "clsact", idx)
+                    for fn, parent in (("fp_ingress", "ffff:fff2"), ("fp_egress", "ffff:fff3")):
+                        ipr.tc("add-filter", "bpf", idx, ":1", fd=prog.progs[fn], name=fn,
+                               parent=parent, classid=1, direct_action=True)
         finally:
-            maps.close()
-        with IPRoute(netns=namespace(prefix, sw)) as ipr:
-            for idx in ifindexes[sw]:
-                ipr.tc("add", "clsact", idx)
-                ipr.tc("add-filter", "bpf", idx, ":1", fd=f_in.fd, name=f_in.name,
-                       parent="ffff:fff2", classid=1, direct_action=True)
-                ipr.tc("add-filter", "bpf", idx, ":1", fd=f_out.fd, name=f_out.name,
-                       parent="ffff:fff3", classid=1, direct_action=True)
-        bpf.cleanup()
+            prog.close()
 
 
 def down(prefix: str) -> list[str]:

@@ -1,9 +1,12 @@
 """The eBPF switch datapath: compile and attach (BCC), then read and steer it (pinned maps).
 
-One BCC instance of ``bpf/switch.c`` per switch namespace, compiled with that
-switch's shape as ``-D`` flags, attached to every port with tc clsact, and its
-maps pinned under ``<state dir>/bpf/<switch>/`` so other processes (CLI,
-agents) use them after the loader exits. Readers need only :class:`SwitchMaps`.
+``bpf/switch.c`` is compiled by BCC once per program shape (map sizes as ``-D``
+flags: all leaves of a fabric share one compile, all spines another); each
+switch namespace gets its own copy of the maps and of the verified programs
+(:class:`Template`), its identity in its config map, attached to every port
+with tc clsact; its maps are pinned under ``<state dir>/bpf/<switch>/`` so other
+processes (CLI, agents) use them after the loader exits. Readers need only
+:class:`SwitchMaps`.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from netns_testbed.errors import EnvironmentProblem
-from netns_testbed.bpfmaps import PinnedArray, PinnedHash, obj_pin
+from netns_testbed.bpfmaps import (MapSpec, PinnedArray, PinnedHash, map_create, map_fds_in, map_spec, obj_pin,
+                                   patch_map_fds, prog_load)
 from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.topo import Fabric, Link, node_kind, node_num
 
@@ -66,7 +70,8 @@ class PulseRec(ct.Structure):
 
 
 class Config(ct.Structure):
-    _fields_ = [("mode", ct.c_uint32), ("gap_units", ct.c_uint32)]
+    _fields_ = [("mode", ct.c_uint32), ("gap_units", ct.c_uint32), ("leaf_class", ct.c_uint32),
+                ("nuplinks", ct.c_uint32)]
 
 
 class Spray(ct.Structure):
@@ -145,9 +150,16 @@ class SwitchShape:
                    node_num(switch) if leaf else 0, fabric.spec.spines if leaf else 0)
 
     def cflags(self) -> list[str]:
+        """What the program is compiled with: the sizes of its maps, not which switch runs it (the
+        switch's role, leaf number and uplinks are in its config map), so that every switch of one
+        shape (all leaves of a fabric, all spines) shares one compile."""
         return [f"-I{BPF_DIR}", f"-DNPORTS={self.nports}", f"-DNLEAVES={self.nleaves}",
-                f"-DNSRC={self.nsrc}", f"-DIS_LEAF={int(self.is_leaf)}", f"-DLEAF_ID={self.leaf_id}",
-                f"-DNUPLINKS={max(self.nuplinks, 1)}", f"-DFP_RING={self.ring}"]
+                f"-DNSRC={self.nsrc}", f"-DFP_RING={self.ring}"]
+
+    @property
+    def leaf_class(self) -> int:
+        """This switch's own source class (leaf number + 1) on a leaf; 0 on a spine (config map)."""
+        return self.leaf_id + 1 if self.is_leaf else 0
 
 
 def counter_map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
@@ -249,9 +261,11 @@ def compiler_output():
 
 
 def compile_program(text: str, cflags: list[str], functions: tuple[str, ...]):
-    """Compile a FlowPulse program (switch.c, count.c) with BCC; returns (bpf object, {name: fn})."""
+    """Compile a FlowPulse program (switch.c, count.c) with BCC; returns (bpf object, {name: fn}),
+    each function in ``functions`` loaded (verified) in the kernel."""
     BPF = load_bcc()
     check_headers()
+    diagnostics = _Captured()
     try:
         with compiler_output() as diagnostics:
             b = BPF(text=text.encode(), cflags=cflags)
@@ -270,20 +284,105 @@ def compile_program(text: str, cflags: list[str], functions: tuple[str, ...]):
                                  "has BPF, BTF and tc clsact (see docs in README)") from None
 
 
-def compile_switch(shape: SwitchShape):
-    """Compile the switch program; returns (bpf object, ingress fn, egress fn)."""
-    b, fns = compile_program(program_text(shape), shape.cflags(), ("fp_ingress", "fp_egress"))
-    return b, fns["fp_ingress"], fns["fp_egress"]
+SWITCH_FUNCTIONS = ("fp_ingress", "fp_egress")
+
+
+@dataclass(frozen=True)
+class Template:
+    """The switch program compiled once for one shape (BCC): each function's instructions, which name
+    the template's maps by descriptor, and those maps' specs. :meth:`instantiate` gives a switch its
+    own maps and its own verified copy of the programs, with no compiler involved (milliseconds,
+    where a BCC compile takes a second or more)."""
+
+    cflags: tuple[str, ...]
+    insns: dict[str, bytes]           # function -> instructions
+    specs: dict[int, MapSpec]         # template map descriptor (as the instructions name it) -> spec
+    names: dict[str, int]             # map name -> template descriptor
+    license: bytes
+
+    def instantiate(self) -> "SwitchProgram":
+        fds: dict[int, int] = {}
+        progs: dict[str, int] = {}
+        try:
+            for old, spec in self.specs.items():
+                fds[old] = map_create(spec)
+            for fn, code in self.insns.items():
+                progs[fn] = prog_load(patch_map_fds(code, fds), fn, self.license)
+        except OSError as e:
+            for fd in [*fds.values(), *progs.values()]:
+                os.close(fd)
+            raise EnvironmentProblem(f"eBPF program failed to load ({e.strerror}): check that the kernel has "
+                                     "BPF and tc clsact (see README)") from None
+        return SwitchProgram({name: fds[old] for name, old in self.names.items()}, progs, list(fds.values()))
+
+
+@dataclass
+class SwitchProgram:
+    """One switch's loaded programs and maps, held by this process (descriptors) until :meth:`close`;
+    pins and tc filters keep them alive after that."""
+
+    maps: dict[str, int]              # map name -> descriptor
+    progs: dict[str, int]             # function -> program descriptor
+    _all_maps: list[int]
+
+    def map_fd(self, name: str) -> int:
+        return self.maps[name]
+
+    def close(self) -> None:
+        for fd in [*self._all_maps, *self.progs.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._all_maps, self.progs, self.maps = [], {}, {}
+
+
+def compile_template(shape: SwitchShape) -> Template:
+    """Compile switch.c for ``shape`` (BCC) and keep what copies of it need; the compiler's own maps
+    and module are released."""
+    b, _ = compile_program(program_text(shape), shape.cflags(), ())
+    try:
+        insns = {fn: b.dump_func(fn.encode()) for fn in SWITCH_FUNCTIONS}
+        names = {name: b[name.encode()].map_fd for name in PIN_NAMES}
+        used = {fd for code in insns.values() for fd in map_fds_in(code)} | set(names.values())
+        specs = {fd: map_spec(fd) for fd in sorted(used)}
+        license = _module_license(b)
+    finally:
+        b.cleanup()
+    return Template(tuple(shape.cflags()), insns, specs, names, license)
+
+
+def _module_license(b) -> bytes:
+    from bcc import lib
+    lic = lib.bpf_module_license(b.module)
+    return ct.string_at(lic) if lic else b"GPL"
+
+
+class Loader:
+    """Loads switch programs, compiling each program shape once: a fabric's leaves share one compile,
+    its spines another."""
+
+    def __init__(self) -> None:
+        self.templates: dict[tuple[str, ...], Template] = {}
+
+    def load(self, shape: SwitchShape) -> SwitchProgram:
+        key = tuple(shape.cflags())
+        if key not in self.templates:
+            self.templates[key] = compile_template(shape)
+        return self.templates[key].instantiate()
+
+
+def load_switch(shape: SwitchShape) -> SwitchProgram:
+    """One switch program, compiled and loaded (held by this process)."""
+    return Loader().load(shape)
 
 
 def pin_dir(state_dir: Path, switch: str) -> Path:
     return state_dir / "bpf" / switch
 
 
-def pin_maps(bpf_obj, directory: Path) -> None:
+def pin_maps(prog: SwitchProgram, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name in PIN_NAMES:
-        obj_pin(bpf_obj[name.encode()].map_fd, str(directory / name))
+        obj_pin(prog.map_fd(name), str(directory / name))
 
 
 @dataclass
@@ -388,7 +487,7 @@ class SwitchMaps(CounterMaps):
         self._ifport_fd: int | None = None
 
     @classmethod
-    def of_program(cls, fabric: Fabric, switch: str, bpf_obj) -> "SwitchMaps":
+    def of_program(cls, fabric: Fabric, switch: str, prog: SwitchProgram) -> "SwitchMaps":
         """Handles on the maps of a program this process compiled and holds (not pinned): the
         datapath's unit tests run the program with BPF_PROG_TEST_RUN and look at its maps."""
         self = cls.__new__(cls)
@@ -396,10 +495,10 @@ class SwitchMaps(CounterMaps):
         self.shape = SwitchShape.of(fabric, switch)
         self.nports, self.nsrc = self.shape.nports, self.shape.nsrc
         self.pins = None
-        self.maps = {name: PinnedArray(name, t, n, pc, fd=bpf_obj[name.encode()].map_fd)
+        self.maps = {name: PinnedArray(name, t, n, pc, fd=prog.map_fd(name))
                      for name, (t, n, pc) in map_entries(self.shape).items()}
         self._ifport_path = ""
-        self._ifport_fd = bpf_obj[b"ifindex_port"].map_fd
+        self._ifport_fd = prog.map_fd("ifindex_port")
         return self
 
     def identity(self) -> tuple[int, int]:
@@ -419,7 +518,7 @@ class SwitchMaps(CounterMaps):
 
     def set_config(self, mode: str, gap_ms: float) -> None:
         units = max(1, int(round(gap_ms * 1e6 / PULSE_UNIT_NS)))
-        self.maps["config"].set(0, Config(SPRAY_CODES[mode], units))
+        self.maps["config"].set(0, Config(SPRAY_CODES[mode], units, self.shape.leaf_class, self.shape.nuplinks))
 
     def set_spray(self, weights: dict[str, float], out_of_service: list[Link]) -> None:
         """Fill this leaf's per-destination spray tables from the fabric model.

@@ -76,7 +76,7 @@ def test_loading_a_drifted_datapath_fails_with_the_fact_named(monkeypatch):
     monkeypatch.setitem(dp.C_CONSTANTS, "FP_KIND_BADHDR", 3)
     shape = dp.SwitchShape.of(Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=1)), "leaf0")
     with pytest.raises(EnvironmentProblem, match="disagree: FP_KIND_BADHDR: 3 in Python"):
-        dp.compile_switch(shape)
+        dp.compile_template(shape)
 
 
 @pytest.mark.parametrize("program", ["switch.c", "count.c"])
@@ -88,3 +88,29 @@ def test_both_programs_count_with_one_spliced_text(program):
     assert text.count(inc) == 1
     assert not dp.SPLICE.search(text)                                  # every marker replaced
     assert "u64 pulse_tick(" not in (dp.BPF_DIR / program).read_text()   # defined in counting.inc only
+
+
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return bytes([code, src << 4 | dst]) + off.to_bytes(2, "little", signed=True) + imm.to_bytes(4, "little", signed=True)
+
+
+def test_a_copy_of_a_program_names_its_own_maps():
+    """Each switch's copy of the compiled program gets its own maps: the 64-bit immediate loads that
+    name a map descriptor (BPF_PSEUDO_MAP_FD) are rewritten, and nothing else that holds the same number."""
+    from netns_testbed.bpfmaps import map_fds_in, patch_map_fds
+
+    code = b"".join([
+        insn(0x18, dst=1, src=1, imm=5), insn(0, imm=0),       # r1 = map fd 5
+        insn(0xb7, dst=0, imm=5),                              # r0 = 5: a plain constant
+        insn(0x18, dst=2, src=0, imm=5), insn(0, imm=0),       # r2 = 5 (64-bit constant, not a map)
+        insn(0x18, dst=3, src=1, imm=7), insn(0, imm=5),       # r3 = map fd 7 (second half holds a 5)
+        insn(0x18, dst=1, src=1, imm=5), insn(0, imm=0),       # map fd 5 again
+        insn(0x95)])                                           # exit
+    assert map_fds_in(code) == [5, 7]
+    out = patch_map_fds(code, {5: 40, 7: 41})
+    assert len(out) == len(code)
+    assert map_fds_in(out) == [40, 41]
+    changed = [i // 8 for i in range(0, len(code), 8) if code[i:i + 8] != out[i:i + 8]]
+    assert changed == [0, 5, 7]
+    with pytest.raises(KeyError):
+        patch_map_fds(code, {5: 40})

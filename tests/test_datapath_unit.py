@@ -39,11 +39,11 @@ H0_PORT = FABRIC.port_to("leaf0", "h0").index
 class Program:
     """One switch's program, compiled and held by this process, its maps set as the loader sets them."""
 
-    def __init__(self, switch: str) -> None:
+    def __init__(self, switch: str, loader: dp.Loader | None = None) -> None:
         self.switch = switch
-        self.bpf, self.ingress, self.egress = dp.compile_switch(dp.SwitchShape.of(FABRIC, switch))
-        self.maps = dp.SwitchMaps.of_program(FABRIC, switch, self.bpf)
-        self.ifport = PinnedHash("", fd=self.bpf[b"ifindex_port"].map_fd)
+        self.prog = (loader or dp.Loader()).load(dp.SwitchShape.of(FABRIC, switch))
+        self.maps = dp.SwitchMaps.of_program(FABRIC, switch, self.prog)
+        self.ifport = PinnedHash("", fd=self.prog.map_fd("ifindex_port"))
 
     def reset(self, mode: SprayMode | str = SprayMode.RRDST, gap_ms: float = 1000.0, weights: dict | None = None,
               out_of_service: list[Link] | None = None) -> None:
@@ -58,8 +58,7 @@ class Program:
         """Run the ``hook`` program on ``frame`` as if it crossed ``port`` (the test packet's device,
         the loopback, is mapped to that port)."""
         self.ifport.set(1, port)
-        fn = self.ingress if hook == "ingress" else self.egress
-        return prog_test_run(fn.fd, bytes(frame), repeat)
+        return prog_test_run(self.prog.progs[f"fp_{hook}"], bytes(frame), repeat)
 
     def counts(self) -> np.ndarray:
         """The current pulse's packets [port, dir, src, kind] from its ring slot."""
@@ -88,7 +87,7 @@ class Program:
     def close(self) -> None:
         self.maps.close()
         self.ifport.close()
-        self.bpf.cleanup()
+        self.prog.close()
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +112,32 @@ def class_of(ip: str) -> int:
     """Source class: source leaf + 1 for the testbed's host networks."""
     from netns_testbed.topo import node_num
     return node_num(FABRIC.source_leaf_of(ip)) + 1
+
+
+# -- one compile, one copy per switch -------------------------------------------------------------
+
+def test_one_compile_serves_every_leaf_each_with_its_own_maps_and_identity():
+    """The loader compiles once per program shape: two leaves share it. Each copy keeps its own maps,
+    and sprays by its own leaf number (its config map): the same frame, h0 -> h2 (leaf1's host), is
+    sprayed by leaf0 and left to leaf1's routing (it is for leaf1's own host)."""
+    loader = dp.Loader()
+    a, b = Program("leaf0", loader), Program("leaf1", loader)
+    try:
+        assert len(loader.templates) == 1
+        assert set(a.prog.maps.values()).isdisjoint(b.prog.maps.values())
+        a.reset()
+        b.reset()
+        frame = tcp(src=H0, dst=H2)
+        assert a.run("ingress", H0_PORT, frame)[0] == TC_ACT_REDIRECT
+        assert a.counts().sum() == 1 and b.counts().sum() == 0
+        host_port = FABRIC.port_to("leaf1", "h3").index
+        assert b.run("ingress", host_port, frame)[0] == TC_ACT_OK
+        assert b.counts().sum() == 1 and a.counts().sum() == 1
+        assert b.run("ingress", host_port, tcp(src=H2, dst=H0))[0] == TC_ACT_REDIRECT
+        assert b.maps.spray_stats() != [0] * len(b.maps.spray_stats()) and sum(a.maps.spray_stats()) == 1
+    finally:
+        a.close()
+        b.close()
 
 
 # -- kinds and source classes -------------------------------------------------------------------
@@ -165,8 +190,8 @@ def test_a_broken_header_checksum_is_a_header_error_on_ingress_only(spine):
 def test_packets_from_a_device_that_is_not_a_port_are_left_alone(spine):
     spine.reset()
     spine.ifport.delete(1)                             # the loopback is no port of the switch
-    assert prog_test_run(spine.ingress.fd, bytes(tcp()))[0] == TC_ACT_UNSPEC
-    assert prog_test_run(spine.egress.fd, bytes(tcp()))[0] == TC_ACT_UNSPEC
+    assert prog_test_run(spine.prog.progs["fp_ingress"], bytes(tcp()))[0] == TC_ACT_UNSPEC
+    assert prog_test_run(spine.prog.progs["fp_egress"], bytes(tcp()))[0] == TC_ACT_UNSPEC
     assert spine.counts().sum() == 0 and spine.maps.totals().sum() == 0
 
 

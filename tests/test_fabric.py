@@ -342,7 +342,7 @@ def test_failed_build_leaves_nothing(monkeypatch):
     def boom(shape):
         raise RuntimeError("injected failure after namespaces and links exist")
 
-    monkeypatch.setattr(datapath, "compile_switch", boom)
+    monkeypatch.setattr(datapath, "compile_template", boom)
     with pytest.raises(RuntimeError, match="injected"):
         builder.up(prefix, builder.FabricSpec(leaves=2, spines=2, hosts_per_leaf=1))
     assert_gone(prefix)

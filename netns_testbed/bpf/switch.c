@@ -6,11 +6,12 @@
 //            -> spray (leaves only, packets from a host port to another leaf)
 //   egress:  count -> fault (faults on every link out of a switch, after counting)
 //
-// Compile-time parameters (-D, set by datapath.py from the fabric model):
+// Compile-time parameters (-D, set by datapath.py from the fabric model): map sizes only, so that
+// one compile serves every switch of a shape (a fabric's leaves, its spines):
 //   NPORTS   ports of this switch          NLEAVES  leaves in the fabric
-//   NSRC     NLEAVES + 2 source classes    IS_LEAF  1 on leaves, 0 on spines
-//   LEAF_ID  this leaf's number            NUPLINKS spines (leaf uplinks are ports 0..NUPLINKS-1)
+//   NSRC     NLEAVES + 2 source classes
 //   FP_RING  pulses kept per counter (ring slots, a power of two; see switch.h)
+// Which switch runs the program (leaf or spine, leaf number, uplinks) is in its config map.
 //
 // Maps are pinned by the loader so that the CLI and the agents (other
 // processes) read counters and set faults while the programs stay attached.
@@ -131,9 +132,9 @@ int fp_ingress(struct __sk_buff *skb) {
     count(skb, port, FP_DIR_IN, &pi, id);
     if (pi.kind == FP_KIND_BADHDR)
         return TC_ACT_OK;  // never spray it: the kernel's IP input discards it (InCsumErrors)
-#if IS_LEAF
-    // Spray packets that come from this leaf's hosts and go to another leaf.
-    if (cfg->mode == FP_SPRAY_OFF || port < NUPLINKS || !pi.dst_leaf || pi.dst_leaf == LEAF_ID + 1)
+    // On a leaf, spray packets that come from its hosts and go to another leaf.
+    if (!cfg->leaf_class || cfg->mode == FP_SPRAY_OFF || port < cfg->nuplinks || !pi.dst_leaf ||
+        pi.dst_leaf == cfg->leaf_class)
         return TC_ACT_OK;
     u32 dst = pi.dst_leaf - 1;
     struct fp_spray *sp = spray.lookup(&dst);
@@ -160,9 +161,6 @@ int fp_ingress(struct __sk_buff *skb) {
     if (ss)
         *ss += 1;
     return redirect_neigh4(*ifx, NULL, 0, 0);
-#else
-    return TC_ACT_OK;
-#endif
 }
 
 int fp_egress(struct __sk_buff *skb) {

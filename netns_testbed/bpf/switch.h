@@ -72,6 +72,8 @@ struct fp_pulse_rec {
 struct fp_config {
     u32 mode;        // FP_SPRAY_*
     u32 gap_units;   // idle gap that ends a pulse, in units of 2^20 ns
+    u32 leaf_class;  // this leaf's source class (leaf number + 1); 0 on a spine
+    u32 nuplinks;    // a leaf's uplinks are ports 0..nuplinks-1; 0 on a spine
 };
 
 struct fp_spray {
