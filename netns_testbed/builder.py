@@ -113,7 +113,7 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
         _make_namespaces(prefix, fabric)
         say(f"creating {len(fabric.links()) // 2} links")
         ifindexes = _make_links(prefix, fabric, opts)
-        _make_routes(prefix, fabric, Testbed(state).out_of_service)
+        _make_routes(prefix, fabric, Testbed(state).out_of_service, ifindexes)
         if opts.datapath:
             say(f"compiling and attaching the eBPF datapath on {len(fabric.switches)} switches")
             _attach_datapath(prefix, fabric, state, ifindexes)
@@ -142,7 +142,7 @@ def _make_namespaces(prefix: str, fabric: Fabric) -> None:
         ):
             sysctl(name, key, value)
         with IPRoute(netns=name) as ipr:
-            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+            ipr.link("set", index=1, state="up")      # the loopback is index 1 in every namespace
 
 
 def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[int]]:
@@ -158,9 +158,11 @@ def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[
     for node in fabric.nodes:
         name = namespace(prefix, node)
         with IPRoute(netns=name) as ipr:
+            # one dump per namespace (link_lookup dumps every link of the namespace at each call)
+            by_name = {l.get_attr("IFLA_IFNAME"): l["index"] for l in ipr.get_links()}
             idx = []
             for p in fabric.ports[node]:
-                i = ipr.link_lookup(ifname=p.ifname)[0]
+                i = by_name[p.ifname]
                 ipr.addr("add", index=i, address=str(p.address.ip), prefixlen=p.address.network.prefixlen)
                 ipr.link("set", index=i, state="up")
                 idx.append(i)
@@ -184,7 +186,7 @@ def set_offloads(ns: str, ifname: str, on: bool) -> None:
         raise EnvironmentProblem(f"ethtool -K {ifname} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
 
 
-def _make_routes(prefix: str, fabric: Fabric, out_of_service) -> None:
+def _make_routes(prefix: str, fabric: Fabric, out_of_service, ifindexes: dict[str, list[int]]) -> None:
     oos = {l.name for l in out_of_service}
     for host in fabric.hosts:
         leaf_port = fabric.port_to(fabric.host_leaf(host), host)
@@ -202,7 +204,7 @@ def _make_routes(prefix: str, fabric: Fabric, out_of_service) -> None:
                     if f"{leaf}->{spine}" in oos or f"{spine}->{dst}" in oos:
                         continue
                     gw = fabric.port(spine, up_port.peer_index).address.ip
-                    hops.append({"gateway": str(gw), "oif": ipr.link_lookup(ifname=up_port.ifname)[0]})
+                    hops.append({"gateway": str(gw), "oif": ifindexes[leaf][up_port.index]})
                 if not hops:
                     continue
                 net = Fabric.leaf_subnet(dst)

@@ -10,6 +10,8 @@ processes (CLI, agents) use them after the loader exits. Readers need only
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import ctypes as ct
 import ipaddress
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from netns_testbed import bpfcache
 from netns_testbed.errors import EnvironmentProblem
 from netns_testbed.bpfmaps import (MapSpec, PinnedArray, PinnedHash, map_create, map_fds_in, map_spec, obj_pin,
                                    patch_map_fds, prog_load)
@@ -226,10 +229,15 @@ def load_bcc():
     return BPF
 
 
+def headers_dir() -> Path:
+    """The kernel headers BCC compiles against."""
+    src = os.environ.get("BCC_KERNEL_SOURCE")
+    return Path(src) if src else Path("/lib/modules") / os.uname().release / "build"
+
+
 def check_headers() -> None:
     """BCC compiles against kernel headers; say how to get them before it fails obscurely."""
-    src = os.environ.get("BCC_KERNEL_SOURCE")
-    build = Path(src) if src else Path("/lib/modules") / os.uname().release / "build"
+    build = headers_dir()
     if not (build / "include").is_dir() and not (build / "Makefile").exists():
         raise EnvironmentProblem(
             f"kernel headers not found at {build}: run sudo scripts/setup.sh (installs linux-headers "
@@ -350,6 +358,36 @@ def compile_template(shape: SwitchShape) -> Template:
     return Template(tuple(shape.cflags()), insns, specs, names, license)
 
 
+def cache_key(shape: SwitchShape) -> str:
+    """The on-disk cache's name for ``shape``'s compile (netns_testbed.bpfcache)."""
+    load_bcc()
+    from bcc import __version__ as bcc_version
+    return bpfcache.key(program_text(shape), shape.cflags(), headers_dir(), str(bcc_version))
+
+
+def template_to_json(t: Template) -> dict:
+    return {"cflags": list(t.cflags), "license": t.license.decode(),
+            "insns": {fn: base64.b64encode(code).decode() for fn, code in t.insns.items()},
+            "specs": {str(fd): [*spec[:5], spec[5].decode(errors="replace")] for fd, spec in t.specs.items()},
+            "names": t.names}
+
+
+def template_from_json(d: dict, shape: SwitchShape) -> Template | None:
+    """A cached template, or None if the entry is not one for ``shape`` (checked field by field:
+    what is loaded into the kernel comes from it)."""
+    try:
+        insns = {fn: base64.b64decode(d["insns"][fn], validate=True) for fn in SWITCH_FUNCTIONS}
+        specs = {int(fd): MapSpec(*(int(x) for x in v[:5]), str(v[5]).encode()) for fd, v in d["specs"].items()}
+        names = {name: int(d["names"][name]) for name in PIN_NAMES}
+        t = Template(tuple(str(c) for c in d["cflags"]), insns, specs, names, str(d["license"]).encode())
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
+    used = {fd for code in insns.values() for fd in map_fds_in(code)} | set(names.values())
+    if t.cflags != tuple(shape.cflags()) or not used <= set(specs) or any(len(c) % 8 for c in insns.values()):
+        return None
+    return t
+
+
 def _module_license(b) -> bytes:
     from bcc import lib
     lic = lib.bpf_module_license(b.module)
@@ -358,16 +396,33 @@ def _module_license(b) -> bytes:
 
 class Loader:
     """Loads switch programs, compiling each program shape once: a fabric's leaves share one compile,
-    its spines another."""
+    its spines another; and once compiled, kept on disk for the next `fabric up`
+    (netns_testbed.bpfcache). ``compiled`` counts the compiles this loader ran."""
 
     def __init__(self) -> None:
         self.templates: dict[tuple[str, ...], Template] = {}
+        self.compiled = 0
 
     def load(self, shape: SwitchShape) -> SwitchProgram:
         key = tuple(shape.cflags())
-        if key not in self.templates:
-            self.templates[key] = compile_template(shape)
-        return self.templates[key].instantiate()
+        if key in self.templates:
+            return self.templates[key].instantiate()
+        name = cache_key(shape)
+        entry = bpfcache.load(name)
+        cached = template_from_json(entry, shape) if entry is not None else None
+        if cached is not None:
+            try:
+                prog = cached.instantiate()
+                self.templates[key] = cached
+                return prog
+            except EnvironmentProblem:
+                bpfcache.drop(name)          # no longer loads (it should not happen): compile again
+        t = compile_template(shape)
+        self.compiled += 1
+        prog = t.instantiate()
+        self.templates[key] = t
+        bpfcache.store(name, template_to_json(t))
+        return prog
 
 
 def load_switch(shape: SwitchShape) -> SwitchProgram:

@@ -79,6 +79,18 @@ def _interrupt(signum, frame):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _own_program_cache(tmp_path_factory):
+    """Compiled programs cached in this session's temporary directory, not /var/cache: a test run
+    leaves nothing outside pytest's own temporary directories (and starts from no cache, as CI does)."""
+    if "FLOWPULSE_BPF_CACHE" in os.environ:
+        yield
+        return
+    os.environ["FLOWPULSE_BPF_CACHE"] = str(tmp_path_factory.mktemp("bpfcache"))
+    yield
+    os.environ.pop("FLOWPULSE_BPF_CACHE", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _clean_leftovers():
     # SIGTERM (a CI timeout, kill) and SIGHUP unwind like Ctrl-C: every fixture's teardown and every
     # experiment's finally block take their testbeds down. SIGKILL cannot be caught: the next run

@@ -339,10 +339,10 @@ def test_failed_build_leaves_nothing(monkeypatch):
 
     prefix = new_prefix()
 
-    def boom(shape):
+    def boom(self, shape):
         raise RuntimeError("injected failure after namespaces and links exist")
 
-    monkeypatch.setattr(datapath, "compile_template", boom)
+    monkeypatch.setattr(datapath.Loader, "load", boom)
     with pytest.raises(RuntimeError, match="injected"):
         builder.up(prefix, builder.FabricSpec(leaves=2, spines=2, hosts_per_leaf=1))
     assert_gone(prefix)
