@@ -57,7 +57,7 @@ class SwitchDetector:
                  per_source: bool = True) -> None:
         """``per_source``: the counts split packets by source leaf (the eBPF counters, recorded runs, the
         model). Without the split (interface statistics) leaves judge their uplinks' totals
-        (:class:`TotalsPeerCheck`) and spines only damaged frames."""
+        (:class:`TotalsPeerCheck`), not their host links, and spines only damaged frames."""
         self.fabric = fabric
         self.per_source = per_source
         self.switch = switch
@@ -72,7 +72,11 @@ class SwitchDetector:
         peer = PeerCheck if per_source else TotalsPeerCheck
         self.checks: list[PeerCheck | SpineCheck | HostCheck] = [peer(*args)] if self.is_leaf else \
             [SpineCheck(*args)] if self.cfg.spine_test and per_source else []
-        if self.is_leaf and self.cfg.host_test and fabric.spec.hosts_per_leaf >= 2:
+        # The host test needs the eBPF counters: their D-SACK counts take spurious resends off (interface
+        # statistics have none, and a healthy job's resend bursts then read as a host-link loss: a
+        # netlink agent raised one in a fresh clone's 100 healthy iterations), and their split by source
+        # tells which hosts a fabric loss reaches.
+        if self.is_leaf and self.cfg.host_test and per_source and fabric.spec.hosts_per_leaf >= 2:
             self.checks.append(HostCheck(fabric, switch, self.cfg, deg, self.checks[0]))
         self.banks = [CusumBank(self.cfg.magnitudes, c.shape) for c in self.checks]
         self.corruption = CorruptionCheck(fabric, switch, deg)
