@@ -361,10 +361,6 @@ class MapSpec(tuple):
     def __new__(cls, map_type: int, key_size: int, value_size: int, max_entries: int, flags: int, name: bytes):
         return super().__new__(cls, (map_type, key_size, value_size, max_entries, flags, name))
 
-    @property
-    def name(self) -> str:
-        return self[5].decode(errors="replace")
-
 
 def map_spec(fd: int) -> MapSpec:
     """What the kernel says of the map behind ``fd`` (BPF_OBJ_GET_INFO_BY_FD)."""

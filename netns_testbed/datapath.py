@@ -323,6 +323,11 @@ class Template:
                                      "BPF and tc clsact (see README)") from None
         return SwitchProgram({name: fds[old] for name, old in self.names.items()}, progs, list(fds.values()))
 
+    @staticmethod
+    def maps_named(insns: dict[str, bytes], names: dict[str, int]) -> set[int]:
+        """The template descriptors a copy must recreate: those the instructions load, and the pinned ones."""
+        return {fd for code in insns.values() for fd in map_fds_in(code)} | set(names.values())
+
 
 @dataclass
 class SwitchProgram:
@@ -350,8 +355,7 @@ def compile_template(shape: SwitchShape) -> Template:
     try:
         insns = {fn: b.dump_func(fn.encode()) for fn in SWITCH_FUNCTIONS}
         names = {name: b[name.encode()].map_fd for name in PIN_NAMES}
-        used = {fd for code in insns.values() for fd in map_fds_in(code)} | set(names.values())
-        specs = {fd: map_spec(fd) for fd in sorted(used)}
+        specs = {fd: map_spec(fd) for fd in sorted(Template.maps_named(insns, names))}
         license = _module_license(b)
     finally:
         b.cleanup()
@@ -382,8 +386,7 @@ def template_from_json(d: dict, shape: SwitchShape) -> Template | None:
         t = Template(tuple(str(c) for c in d["cflags"]), insns, specs, names, str(d["license"]).encode())
     except (KeyError, TypeError, ValueError, binascii.Error):
         return None
-    used = {fd for code in insns.values() for fd in map_fds_in(code)} | set(names.values())
-    if t.cflags != tuple(shape.cflags()) or not used <= set(specs) or any(len(c) % 8 for c in insns.values()):
+    if t.cflags != tuple(shape.cflags()) or not Template.maps_named(insns, names) <= set(specs) or any(len(c) % 8 for c in insns.values()):
         return None
     return t
 
@@ -423,11 +426,6 @@ class Loader:
         self.templates[key] = t
         bpfcache.store(name, template_to_json(t))
         return prog
-
-
-def load_switch(shape: SwitchShape) -> SwitchProgram:
-    """One switch program, compiled and loaded (held by this process)."""
-    return Loader().load(shape)
 
 
 def pin_dir(state_dir: Path, switch: str) -> Path:
