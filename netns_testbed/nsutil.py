@@ -115,3 +115,10 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[-1][0] != "Z"
     except OSError:
         return False
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread into namespace ``name`` for good (a forked child with one thread:
+    the whole process)."""
+    with open(NETNS_RUN_DIR / name) as target:
+        _setns(target.fileno())

@@ -4,9 +4,12 @@ that made it (``/run/flowpulse-tests/<prefix>``); at session start and end the `
 testbeds whose process is gone (a killed run) are removed, and nothing of another live run."""
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,17 @@ def default_testbed():
     tb = builder.up(prefix, __import__("netns_testbed.topo", fromlist=["FabricSpec"]).FabricSpec())
     yield tb
     builder.down(prefix)
+
+
+def wait_iteration(progress: Path, i: int, timeout: float = 120) -> None:
+    """Until rank 0 reports the end of iteration ``i`` (the idle gap before i + 1 begins)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if progress.exists():
+            for line in progress.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    rec = json.loads(line)
+                    if rec.get("phase") == "end" and rec.get("i") == i:
+                        return
+        time.sleep(0.01)
+    raise TimeoutError(f"iteration {i} did not end within {timeout} s")

@@ -15,7 +15,7 @@ from analysis.spec import ExperimentSpec, parse_scheduled
 from netns_testbed.builder import list_testbeds
 from netns_testbed.ping import all_pairs
 from netns_testbed.topo import Fabric, FabricSpec
-from tests.conftest import new_prefix
+from tests.conftest import new_prefix, wait_iteration
 from workload.launcher import JobSpec
 
 pytestmark = pytest.mark.root
@@ -69,7 +69,7 @@ def test_idle_fabric_with_background_noise_and_agent_restart(make_testbed, tmp_p
     job = threading.Thread(target=run_job, args=(tb, JobSpec(size=1 << 20, iterations=30, idle_ms=120, ranks=8),
                                                  tmp_path / "job"), daemon=True)
     job.start()
-    time.sleep(8)
+    wait_iteration(tmp_path / "job" / "progress.jsonl", 10)   # restarted in the middle of the job's traffic
     agents = [SwitchAgent.on_testbed(tb, sw, opts, sinks=[events.append]) for sw in tb.fabric.switches]
     stop = threading.Event()
     th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)

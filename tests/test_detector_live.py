@@ -15,6 +15,7 @@ from analysis.model import ModelSpec, simulate
 from analysis.rundir import load_pulses
 from netns_testbed import faults as fault_ops
 from netns_testbed.faults import parse_fault
+from tests.conftest import wait_iteration
 from tests.test_agent_live import experiment
 from tests.test_model import uplink_residuals
 from workload.launcher import JobSpec, run_job
@@ -43,20 +44,6 @@ def agents_on(tb, record: Path | None = None, persist: bool = False):
         th.join(timeout=10)
         for a in agents:
             a.close()
-
-
-def wait_iteration(progress: Path, i: int, timeout: float = 120) -> None:
-    """Until rank 0 reports the end of iteration ``i`` (the idle gap before i + 1 begins)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if progress.exists():
-            for line in progress.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):
-                    rec = json.loads(line)
-                    if rec.get("phase") == "end" and rec.get("i") == i:
-                        return
-        time.sleep(0.01)
-    raise TimeoutError(f"iteration {i} did not end within {timeout} s")
 
 
 def alerts(events):

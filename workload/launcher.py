@@ -1,8 +1,9 @@
 """Launch a torch.distributed (gloo) job with one rank per host namespace.
 
-The launcher owns its ranks: each runs in its own session, and on Ctrl-C, a
-rank failure or the wall-clock deadline every rank is killed by PID and the
-failing rank is named. ``GLOO_SOCKET_IFNAME=eth0`` is set (without it gloo
+The ranks are forked by one interpreter that imported torch once
+(:mod:`workload.spawner`), each into its own session and host namespace. The
+launcher owns them: on Ctrl-C, a rank failure or the wall-clock deadline every
+rank is killed and the failing rank is named. ``GLOO_SOCKET_IFNAME=eth0`` is set (without it gloo
 resolves the hostname to 127.0.0.1 and ranks hang).
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Callable
 
 from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed.topo import Fabric
-from netns_testbed.nsutil import kill_pids, netns_argv
+from netns_testbed.nsutil import kill_pids
 from netns_testbed.state import Testbed
 from workload.rank import WORKLOADS
 
@@ -122,8 +124,7 @@ def check_torch() -> None:
 
 
 def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
-            progress: Callable[[str], None] | None = None,
-            on_start: Callable[[list[subprocess.Popen]], None] | None = None) -> JobResult:
+            progress: Callable[[str], None] | None = None) -> JobResult:
     """Run the job to completion (or failure); always leaves no rank behind."""
     spec.validate(tb.fabric)
     check_torch()
@@ -132,31 +133,25 @@ def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
     hosts = placement(tb, n, spec.placement)
     out_dir.mkdir(parents=True, exist_ok=True)
     master = f"{tb.fabric.host_ip(hosts[0])}:{spec.port}"
-    procs: list[subprocess.Popen] = []
-    logs = []
+    ranks: Spawned | None = None
     t0 = time.time()
     failed_rank, failure = None, None
     try:
-        for r, host in enumerate(hosts):
-            argv = netns_argv(tb.ns(host), [
-                sys.executable, "-m", "workload.rank", "--rank", str(r), "--world", str(n), "--master", master,
-                "--workload", spec.workload, "--size", str(spec.size), "--iterations", str(spec.iterations),
-                "--idle-ms", str(spec.idle_ms), "--timeout", str(spec.gloo_timeout_s), "--seed", str(spec.seed),
-                "--out", str(out_dir / f"rank{r}.json"),
-                *(["--progress", str(out_dir / "progress.jsonl")] if r == 0 else [])])
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "FLOWPULSE_HOST": host,
-                   "PYTHONUNBUFFERED": "1"}
-            env.pop("LOCAL_WORLD_SIZE", None)  # else newer gloo may use shared memory, not the wire
-            lf = open(out_dir / f"rank{r}.log", "w")
-            logs.append(lf)
-            procs.append(subprocess.Popen(argv, stdout=lf, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent)))
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("LOCAL_WORLD_SIZE", None)  # else newer gloo may use shared memory, not the wire
+        jobs = [{"rank": r, "netns": tb.ns(host), "log": str(out_dir / f"rank{r}.log"),
+                 "env": {**env, "FLOWPULSE_HOST": host},
+                 "argv": ["--rank", str(r), "--world", str(n), "--master", master, "--workload", spec.workload,
+                          "--size", str(spec.size), "--iterations", str(spec.iterations), "--idle-ms",
+                          str(spec.idle_ms), "--timeout", str(spec.gloo_timeout_s), "--seed", str(spec.seed),
+                          "--out", str(out_dir / f"rank{r}.json"),
+                          *(["--progress", str(out_dir / "progress.jsonl")] if r == 0 else [])]}
+                for r, host in enumerate(hosts)]
+        ranks = Spawned(jobs, env, out_dir)
         say(f"started {n} ranks ({spec.workload}, {spec.size / 2**20:g} MiB x {spec.iterations}) on {', '.join(hosts)}")
-        if on_start:
-            on_start(procs)
         deadline = t0 + spec.deadline
         while True:
-            codes = [p.poll() for p in procs]
+            codes = ranks.codes()
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if bad:
                 failed_rank = _first_failure(out_dir, bad)
@@ -174,9 +169,8 @@ def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
         failure = "interrupted"
         raise
     finally:
-        _kill_all(procs)
-        for lf in logs:
-            lf.close()
+        if ranks is not None:
+            ranks.kill()
     result = JobResult(ok=failure is None, spec=asdict(spec), hosts=hosts, failed_rank=failed_rank,
                        failure=failure, wall_s=time.time() - t0)
     result.ranks = [_read_rank(out_dir, r) for r in range(n)]
@@ -187,21 +181,65 @@ def run_job(tb: Testbed, spec: JobSpec, out_dir: Path,
     return result
 
 
-def _kill_all(procs: list[subprocess.Popen]) -> None:
-    pids = []
-    for p in procs:
-        if p.poll() is None:
+class Spawned:
+    """The ranks of one job, forked into their namespaces by :mod:`workload.spawner`.
+
+    A thread reads the spawner's reports (each rank's pid, then its exit code). A rank the
+    spawner never reported as ended while the spawner is gone counts as failed with the
+    spawner's exit status (its output is in ``spawner.log``).
+    """
+
+    def __init__(self, jobs: list[dict], env: dict, job_dir: Path) -> None:
+        self.n = len(jobs)
+        self.pids: dict[int, int] = {}
+        self.exits: dict[int, int] = {}
+        self._log = open(job_dir / "spawner.log", "w")
+        # the job's directory on the command line, which the ranks inherit: `ps` tells whose they are
+        self.proc = subprocess.Popen([sys.executable, "-m", "workload.spawner", str(job_dir)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
+                                     start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent))
+        self.proc.stdin.write(json.dumps(jobs) + "\n")
+        self.proc.stdin.close()
+        self._reader = threading.Thread(target=self._read, name="spawner-reports", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                msg = json.loads(line)
+            except json.JSONDecodeError:          # not a report (the spawner's stdout is only its)
+                log.warning("spawner: %s", line.rstrip())
+                continue
+            if "pid" in msg:
+                self.pids[msg["rank"]] = msg["pid"]
+            else:
+                self.exits[msg["rank"]] = msg["exit"]
+
+    def codes(self) -> list[int | None]:
+        """Per rank its exit code, None while it runs."""
+        gone = self.proc.poll() is not None and not self._reader.is_alive()
+        lost = (self.proc.returncode or 1) if gone else None
+        return [self.exits.get(r, lost) for r in range(self.n)]
+
+    def kill(self) -> None:
+        """Every rank and the spawner gone: SIGTERM makes the spawner SIGKILL each rank's session;
+        the ranks it reported are killed here too, and waited for."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self._reader.join(timeout=5)
+        running = [pid for r, pid in self.pids.items() if r not in self.exits]
+        for pid in running:
+            try:
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            pids.append(p.pid)
-    kill_pids(pids)
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_pids(running)
+        self._log.close()
 
 
 def _read_rank(out_dir: Path, r: int) -> dict:
@@ -222,7 +260,10 @@ def _failure_text(out_dir: Path, r: int, code: int) -> str:
     rep = _read_rank(out_dir, r)
     if rep.get("error") and rep["error"] != "no result (killed or crashed)":
         return f"exit {code}: {rep['error']}"
-    tail = (out_dir / f"rank{r}.log").read_text(errors="replace").strip().splitlines()[-1:] if (out_dir / f"rank{r}.log").exists() else []
+    tail: list[str] = []
+    for log_file in (out_dir / f"rank{r}.log", out_dir / "spawner.log"):  # the spawner's if the rank never ran
+        if not tail and log_file.exists():
+            tail = log_file.read_text(errors="replace").strip().splitlines()[-1:]
     return f"exit {code}: {tail[0] if tail else 'no output'}"
 
 
