@@ -3,8 +3,10 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -k fabric
 #
 # Two passes: the tests that need no root (statistics on synthetic streams, parsing, models) on
-# both CPUs (pytest-xdist), then the root tests (real fabrics and jobs, some timing-sensitive) one at
-# a time. Both always run; the exit status is the first pass's failure, else the second's.
+# both CPUs (pytest-xdist; worksteal: a worker that runs out takes tests queued on the other, so
+# the minute-long false-alarm tests do not leave one CPU idle at the end), then the root tests
+# (real fabrics and jobs, some timing-sensitive) one at a time. Both always run; the exit status
+# is the first pass's failure, else the second's.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$here/scripts/setup.sh"
@@ -12,7 +14,7 @@ cd "$here"
 py="$here/.venv/bin/python"
 common=(-q -p no:cacheprovider --timeout=900)
 set +e
-"$py" -m pytest "${common[@]}" -n 2 -m "not root" tests "$@"
+"$py" -m pytest "${common[@]}" -n 2 --dist worksteal -m "not root" tests "$@"
 first=$?
 "$py" -m pytest "${common[@]}" -m root tests "$@"
 second=$?
