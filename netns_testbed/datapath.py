@@ -386,7 +386,8 @@ def template_from_json(d: dict, shape: SwitchShape) -> Template | None:
         t = Template(tuple(str(c) for c in d["cflags"]), insns, specs, names, str(d["license"]).encode())
     except (KeyError, TypeError, ValueError, binascii.Error):
         return None
-    if t.cflags != tuple(shape.cflags()) or not Template.maps_named(insns, names) <= set(specs) or any(len(c) % 8 for c in insns.values()):
+    if (t.cflags != tuple(shape.cflags()) or not Template.maps_named(insns, names) <= set(specs)
+            or any(len(c) % 8 for c in insns.values())):
         return None
     return t
 

@@ -33,11 +33,18 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
+def enter_netns(name: str) -> None:
+    """Move the calling thread into namespace ``name`` for good (a forked child with one thread:
+    the whole process)."""
+    with open(NETNS_RUN_DIR / name) as target:
+        _setns(target.fileno())
+
+
 @contextlib.contextmanager
 def in_netns(name: str) -> Iterator[None]:
     """Run the block with this thread in namespace ``name``, then come back."""
-    with open("/proc/thread-self/ns/net") as home, open(NETNS_RUN_DIR / name) as target:
-        _setns(target.fileno())
+    with open("/proc/thread-self/ns/net") as home:
+        enter_netns(name)
         try:
             yield
         finally:
@@ -115,10 +122,3 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[-1][0] != "Z"
     except OSError:
         return False
-
-
-def enter_netns(name: str) -> None:
-    """Move the calling thread into namespace ``name`` for good (a forked child with one thread:
-    the whole process)."""
-    with open(NETNS_RUN_DIR / name) as target:
-        _setns(target.fileno())
