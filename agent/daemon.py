@@ -231,6 +231,15 @@ def make_tracker(agents: list[SwitchAgent], reporter: str | None = None) -> Inci
     return IncidentTracker(agents[0].dep.fabric, VerdictFiles(agents[0].verdict_dir, local), reporter)
 
 
+def set_from_signal(event: threading.Event) -> None:
+    """Set ``event`` from a signal handler. ``Event.set()`` takes the event's lock, and the handler runs in
+    the main thread between two of its bytecodes, possibly inside that same event's ``wait()`` while it
+    holds the lock: setting it there deadlocks the process (an agent SIGTERMed inside ``stop.wait()``
+    never exited and had to be SIGKILLed; a loop on ``stop.wait(0)`` hangs in about 60% of SIGTERMs).
+    A short thread sets it as soon as the main thread lets go (tests/test_signals.py)."""
+    threading.Thread(target=event.set, name="signal-set", daemon=True).start()
+
+
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
                on_tick: Callable[[list[SwitchAgent]], None] | None = None, tick_s: float = 1.0,
                tracker: IncidentTracker | None = None,
@@ -250,7 +259,7 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
         log.debug("could not raise the poller's priority (not root?)")
     hup = threading.Event()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGHUP, lambda *_: hup.set())
+        signal.signal(signal.SIGHUP, lambda *_: set_from_signal(hup))
     next_tick = time.monotonic() + tick_s
     sinks = list(incident_sinks or [])
 

@@ -217,7 +217,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
     import contextlib
     import signal
 
-    from agent.daemon import JsonLinesSink, make_tracker, run_agents
+    from agent.daemon import JsonLinesSink, make_tracker, run_agents, set_from_signal
     from agent.privileges import keep_only
 
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
@@ -235,7 +235,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
 
     def on_term(signum, frame) -> None:
         stopped_by.append(128 + signum)
-        stop.set()
+        set_from_signal(stop)     # not stop.set(): the main thread may hold its lock (see there)
 
     signal.signal(signal.SIGTERM, on_term)
     keep_only(keep)          # the counters are open: from here on only what reading them needs
