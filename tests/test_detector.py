@@ -18,6 +18,7 @@ import pytest
 
 from agent.detector import DetectorConfig, Model, SwitchDetector
 from agent.detector.arl import arl_brook_evans, thresholds
+import agent.detector.checks as checks
 from agent.detector.checks import peer_prior
 from agent.pulse import PulseCounts
 from analysis.model import FabricModel, ModelSpec
@@ -344,3 +345,71 @@ def test_host_ports_wait_while_a_fabric_loss_into_the_leaf_is_open():
     events = [e for pc in two_host_pulses(rng, 80, fabric_loss_from=None, host_surplus=0.02) for e in det.observe(pc)]
     hosts = [e for e in events if e.event == "alert" and e.evidence.get("test") == "host"]
     assert hosts and hosts[0].candidates[0] == "leaf0->h1" and {e.evidence.get("test") for e in events} == {"host"}
+
+
+
+def tail_stall_pulses(rng, pulses: int, stall_p: float = 0.0, host_surplus: float = 0.0,
+                      stalls: dict[int, tuple[int, float]] | None = None):
+    """leaf0 of 4x4x2 under a ring job: each host gets 10,000 packets a pulse from leaves 1..3 (random
+    spray). A stall moves the tail of one host's iteration to the next pulse (longer than the pulse gap:
+    the assembler folds it into the next iteration's pulse): with probability ``stall_p`` per pulse, 1-8%
+    of a random host's packets, and at the pulses ``stalls`` names ``{pulse: (host, share)}``.
+    ``host_surplus``: from pulse 20, h1 also gets that share again (a lossy leaf0->h1: resends)."""
+    n, late, out = 10_000, np.zeros(2), []
+    for t in range(pulses):
+        to_host = n + late
+        late = np.zeros(2)
+        if stalls and t in stalls:
+            h, share = stalls[t]
+            late[h] = np.floor(share * n)
+        elif rng.random() < stall_p:
+            h = rng.integers(2)
+            late[h] = np.floor(rng.uniform(0.01, 0.08) * n)
+        to_host -= late
+        if host_surplus and t >= 20:
+            to_host[1] += rng.binomial(n, host_surplus)
+        ip = np.zeros((6, 2, 6))
+        for h in range(2):
+            per_src = rng.multinomial(int(to_host[h]), [1 / 3] * 3)
+            for i, src in enumerate((2, 3, 4)):
+                ip[4 + h, 1, src] = per_src[i]
+                ip[:4, 0, src] += rng.multinomial(per_src[i], [0.25] * 4)
+        out.append(PulseCounts("leaf0", t + 1, ip, np.zeros((6, 2)), start_time=float(t), end_time=t + 0.5))
+    return out
+
+
+def host_alerts(pulses) -> list:
+    det = SwitchDetector(FABRIC, "leaf0", DetectorConfig(), RANDOM)
+    return [(pc.pulse, e) for pc in pulses for e in det.observe(pc) if e.event == "alert"]
+
+
+@pytest.mark.parametrize("repays", [True, False])
+def test_iteration_tails_moved_to_the_next_pulse_raise_no_host_alert(monkeypatch, repays):
+    """Live (ddp, a fabric loss elsewhere; tests/data/recorded-runs/ci-ddp-host-tail-stall): 359 packets to
+    h6 came 160 ms after the rest of their iteration and were judged with the next one; two pulses later
+    h7's tail (716) did the same, so h6 was above its peer in two judged pulses running and its link
+    raised a false 3.6% alert. A surplus that repays the host's shortfall of the pulse before is no loss;
+    without that rule (the control) the same pattern alarms."""
+    monkeypatch.setattr(checks, "HOST_REPAYS", repays)
+    pattern = tail_stall_pulses(np.random.default_rng(11), 100, stalls={60: (0, 0.036), 62: (1, 0.072)})
+    alerts = host_alerts(pattern)
+    if repays:
+        assert alerts == [], alerts
+        # and tails in a tenth of 1,000 pulses, at random (live: 2-15% of a leaf's pulses) raise nothing
+        assert host_alerts(tail_stall_pulses(np.random.default_rng(3), 1000, stall_p=0.1)) == []
+    else:
+        assert [(t, e.candidates[0]) for t, e in alerts] == [(63, "leaf0->h0")], alerts
+
+
+def test_a_lossy_host_link_is_still_found_among_iteration_tails():
+    """A 2% leaf0->h1 loss with tails moving between pulses in a tenth of them, 20 seeds: always named, in
+    the 4th faulty pulse in the median, 13th at worst (without the rule: 3.5 and 13; without tails: the
+    3rd in every seed, as the host test judges a pulse once the next one confirms it)."""
+    delays = []
+    for seed in range(20):
+        alerts = host_alerts(tail_stall_pulses(np.random.default_rng(seed), 80, stall_p=0.1, host_surplus=0.02))
+        assert alerts, seed
+        pulse, alert = alerts[0]
+        assert alert.evidence.get("test") == "host" and alert.candidates[0] == "leaf0->h1", alert
+        delays.append(pulse - 20)
+    assert statistics.median(delays) <= 4 and max(delays) <= 15, delays

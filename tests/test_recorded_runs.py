@@ -14,7 +14,7 @@ from analysis.replay import replay_dir
 
 RUNS = Path(__file__).parent / "data" / "recorded-runs"
 ALL = ["busy-allgather-two-faults", "busy-reduce-scatter-two-faults", "busy-ddp-two-faults",
-       "busy-ddp-retransmission-chain"]
+       "busy-ddp-retransmission-chain", "ci-ddp-host-tail-stall"]
 HOST_BURSTS = "busy-host-retransmission-bursts"
 
 
@@ -100,3 +100,9 @@ def test_a_host_noise_factor_learned_below_its_prior_takes_a_burst_for_a_loss(mo
     monkeypatch.setattr(noise.NoiseModel, "__init__", unfloored)
     det = detection(HOST_BURSTS)
     assert any("leaf1->h2" in a["candidates"] for a in det["false_alerts"]), det["false_alerts"]
+
+
+def test_without_repaying_a_shortfall_an_iteration_tail_raises_a_host_alert(monkeypatch):
+    monkeypatch.setattr(checks, "HOST_REPAYS", False)
+    det = detection("ci-ddp-host-tail-stall")
+    assert [a["candidates"][0] for a in det["false_alerts"]] == ["leaf3->h6"], det["false_alerts"]
