@@ -13,6 +13,13 @@ def incidents_by_link(rep) -> dict:
     return {i["link"]: i for i in rep["incidents"] if i.get("link")}
 
 
+def incident_lines(rep) -> str:
+    """Each incident on one line with the owner's evidence (what a failure needs to be read from a CI log:
+    the run directory stays behind on the machine that ran it)."""
+    return "\n".join(f"{i['incident_id']}: {i['state']} ({i['how']}) "
+                     f"owner={(i.get('evidence') or {}).get('owner_evidence')}" for i in rep["incidents"])
+
+
 @pytest.mark.parametrize("workload", ["allreduce", "allgather", "reduce_scatter", "ddp"])
 def test_each_workload_localizes_a_leaf_spine_and_a_spine_leaf_fault_at_once(tmp_path, workload):
     """Two simultaneous 2% drops, one on each direction of the fabric (different switches, and a
@@ -24,7 +31,7 @@ def test_each_workload_localizes_a_leaf_spine_and_a_spine_leaf_fault_at_once(tmp
     assert det["incidents_naming_healthy_links"] == [], rep["incidents"]
     named = incidents_by_link(rep)
     for pf in det["per_fault"]:
-        assert pf["detected"] and pf["localization_correct"], (pf, rep["incidents"])
+        assert pf["detected"] and pf["localization_correct"], f"{pf}\n{incident_lines(rep)}"
         assert pf["iterations_to_detect"] <= 2, pf
         # named within a few iterations of its onset (the owner's verdict needs two of its pulses)
         assert pf["seconds_to_localize"] is not None, pf
