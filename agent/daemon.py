@@ -231,13 +231,30 @@ def make_tracker(agents: list[SwitchAgent], reporter: str | None = None) -> Inci
     return IncidentTracker(agents[0].dep.fabric, VerdictFiles(agents[0].verdict_dir, local), reporter)
 
 
-def set_from_signal(event: threading.Event) -> None:
-    """Set ``event`` from a signal handler. ``Event.set()`` takes the event's lock, and the handler runs in
+class SignalEvent(threading.Event):
+    """An event a signal handler can set. ``Event.set()`` takes the event's lock, and a handler runs in
     the main thread between two of its bytecodes, possibly inside that same event's ``wait()`` while it
     holds the lock: setting it there deadlocks the process (an agent SIGTERMed inside ``stop.wait()``
-    never exited and had to be SIGKILLed; a loop on ``stop.wait(0)`` hangs in about 60% of SIGTERMs).
-    A short thread sets it as soon as the main thread lets go (tests/test_signals.py)."""
-    threading.Thread(target=event.set, name="signal-set", daemon=True).start()
+    never exited and had to be SIGKILLed; a loop on ``stop.wait(0)`` hangs at the first few SIGTERMs).
+    ``set_from_signal()`` is a plain store that ``is_set()`` reads: no lock, and the waiter sees it when
+    its ``wait()`` returns (``run_agents`` waits ``poll_s``). tests/test_signals.py."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signalled = False
+
+    def set_from_signal(self) -> None:
+        self.signalled = True
+
+    def is_set(self) -> bool:
+        return self.signalled or super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.signalled or super().wait(timeout) or self.signalled
+
+    def clear(self) -> None:
+        self.signalled = False
+        super().clear()
 
 
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
@@ -257,9 +274,9 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), AGENT_NICE)
     except (PermissionError, OSError):
         log.debug("could not raise the poller's priority (not root?)")
-    hup = threading.Event()
+    hup = SignalEvent()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGHUP, lambda *_: set_from_signal(hup))
+        signal.signal(signal.SIGHUP, lambda *_: hup.set_from_signal())
     next_tick = time.monotonic() + tick_s
     sinks = list(incident_sinks or [])
 

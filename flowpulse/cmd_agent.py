@@ -217,7 +217,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
     import contextlib
     import signal
 
-    from agent.daemon import JsonLinesSink, make_tracker, run_agents, set_from_signal
+    from agent.daemon import JsonLinesSink, SignalEvent, make_tracker, run_agents
     from agent.privileges import keep_only
 
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
@@ -230,12 +230,12 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         pidfile = piddir / f"agent-{os.getpid()}.pid"
         pidfile.unlink(missing_ok=True)          # a file of a dead process that had this pid
         pidfiles.write(pidfile, " ".join(a.switch for a in agents))
-    stop = threading.Event()
+    stop = SignalEvent()
     stopped_by: list[int] = []
 
     def on_term(signum, frame) -> None:
         stopped_by.append(128 + signum)
-        set_from_signal(stop)     # not stop.set(): the main thread may hold its lock (see there)
+        stop.set_from_signal()     # not stop.set(): the main thread may hold its lock (see SignalEvent)
 
     signal.signal(signal.SIGTERM, on_term)
     keep_only(keep)          # the counters are open: from here on only what reading them needs

@@ -3,7 +3,7 @@
 A child loops on ``stop.wait(0)`` (it holds the event's lock most of the time, the worst case of the
 agent's ``stop.wait(poll_s)``) and acknowledges each stop; the parent sends SIGTERM after each
 acknowledgement. ``Event.set()`` in the handler deadlocks the child within a few signals (the control);
-``agent.daemon.set_from_signal`` must survive all of them.
+``agent.daemon.SignalEvent.set_from_signal`` must survive all of them.
 """
 from __future__ import annotations
 
@@ -19,10 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import signal, sys, threading
-from agent.daemon import set_from_signal
-stop = threading.Event()
-direct = sys.argv[1] == "direct"
-signal.signal(signal.SIGTERM, (lambda *_: stop.set()) if direct else (lambda *_: set_from_signal(stop)))
+from agent.daemon import SignalEvent
+if sys.argv[1] == "direct":
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+else:
+    stop = SignalEvent()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set_from_signal())
 print("ready", flush=True)
 while True:
     stop.wait(0)
@@ -57,4 +60,4 @@ def test_setting_the_event_in_the_handler_deadlocks():
 
 
 def test_set_from_signal_never_deadlocks():
-    assert stops_acknowledged("thread", 300) == 300
+    assert stops_acknowledged("flag", 300) == 300

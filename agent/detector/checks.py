@@ -451,7 +451,7 @@ class HostCheck:
     many packets each source leaf lost on the way here (its uplink deficits beyond two standard
     deviations, divided by ``1 - w``), and they are taken off each host port in proportion to that
     source's traffic to it. Like the spine's, the surplus must be confirmed by the next pulse, it first
-repays the host's shortfall of the pulse before (an iteration's tail moved on by a stall), and a
+    repays the host's shortfall of the pulse before (an iteration's tail moved on by a stall), and a
     host more than 10% apart from its peers in a pulse is not judged in it (see ``_surplus``). Jobs
     whose ranks receive unequal volumes every pulse break the premise: ``host_test: false``.
 
