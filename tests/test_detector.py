@@ -349,19 +349,18 @@ def test_host_ports_wait_while_a_fabric_loss_into_the_leaf_is_open():
 
 
 def tail_stall_pulses(rng, pulses: int, stall_p: float = 0.0, host_surplus: float = 0.0,
-                      stalls: dict[int, tuple[int, float]] | None = None):
+                      stalls: dict[int, tuple[float, float]] | None = None):
     """leaf0 of 4x4x2 under a ring job: each host gets 10,000 packets a pulse from leaves 1..3 (random
     spray). A stall moves the tail of one host's iteration to the next pulse (longer than the pulse gap:
     the assembler folds it into the next iteration's pulse): with probability ``stall_p`` per pulse, 1-8%
-    of a random host's packets, and at the pulses ``stalls`` names ``{pulse: (host, share)}``.
+    of a random host's packets, and at the pulses ``stalls`` names ``{pulse: (share of h0, share of h1)}``.
     ``host_surplus``: from pulse 20, h1 also gets that share again (a lossy leaf0->h1: resends)."""
     n, late, out = 10_000, np.zeros(2), []
     for t in range(pulses):
         to_host = n + late
         late = np.zeros(2)
         if stalls and t in stalls:
-            h, share = stalls[t]
-            late[h] = np.floor(share * n)
+            late = np.floor(np.array(stalls[t]) * n)
         elif rng.random() < stall_p:
             h = rng.integers(2)
             late[h] = np.floor(rng.uniform(0.01, 0.08) * n)
@@ -383,28 +382,48 @@ def host_alerts(pulses) -> list:
     return [(pc.pulse, e) for pc in pulses for e in det.observe(pc) if e.event == "alert"]
 
 
-@pytest.mark.parametrize("repays", [True, False])
-def test_iteration_tails_moved_to_the_next_pulse_raise_no_host_alert(monkeypatch, repays):
-    """Live (ddp, a fabric loss elsewhere; tests/data/recorded-runs/ci-ddp-host-tail-stall): 359 packets to
-    h6 came 160 ms after the rest of their iteration and were judged with the next one; two pulses later
-    h7's tail (716) did the same, so h6 was above its peer in two judged pulses running and its link
-    raised a false 3.6% alert. A surplus that repays the host's shortfall of the pulse before is no loss;
-    without that rule (the control) the same pattern alarms."""
-    monkeypatch.setattr(checks, "HOST_REPAYS", repays)
-    pattern = tail_stall_pulses(np.random.default_rng(11), 100, stalls={60: (0, 0.036), 62: (1, 0.072)})
-    alerts = host_alerts(pattern)
-    if repays:
-        assert alerts == [], alerts
-        # and tails in a tenth of 1,000 pulses, at random (live: 2-15% of a leaf's pulses) raise nothing
-        assert host_alerts(tail_stall_pulses(np.random.default_rng(3), 1000, stall_p=0.1)) == []
-    else:
-        assert [(t, e.candidates[0]) for t, e in alerts] == [(63, "leaf0->h0")], alerts
+# Stalls that move iteration tails to the next pulse, as seen live (shares of each host's packets moved):
+TAILS = {
+    # CI, ddp (tests/data/recorded-runs/ci-ddp-host-tail-stall): 359 packets to h6 came 160 ms after the
+    # rest of their iteration, two pulses later h7's 716 did the same: h6 above its peer twice running
+    "one host's tail, then its peer's": {60: (0.036, 0.0), 62: (0.0, 0.072)},
+    # a fresh clone, allreduce (clone-host-short-iterations): h6 short by 1,094 and h7 by 323, then the
+    # next iteration's tail and head misaligned: h7 above its peer twice running, a false 8% alert
+    "two short iterations": {60: (0.107, 0.036), 61: (0.32, 0.18)},
+    # a long tail that comes back in two parts: two surpluses running
+    "a tail that comes back in two parts": {60: (0.1, 0.0), 61: (0.05, 0.0)},
+}
+
+
+def test_iteration_tails_moved_to_the_next_pulse_raise_no_host_alert():
+    """A stall longer than the pulse gap moves the tail of an iteration into the next iteration's pulse
+    (the assembler folds small pulses forward). Two rules keep that from reading as a lossy host link: a
+    surplus first repays the host's shortfall of the pulse before (HOST_REPAYS), and hosts are not judged
+    in a pulse that is short of the recent ones (HOST_SHORT). Neither matters to a real loss, which only
+    adds packets (next test). Also: tails in a tenth of 1,000 pulses at random (live: 2-15% of a leaf's
+    pulses move a host by more than 1%) raise nothing."""
+    for name, stalls in TAILS.items():
+        assert host_alerts(tail_stall_pulses(np.random.default_rng(11), 100, stalls=stalls)) == [], name
+    assert host_alerts(tail_stall_pulses(np.random.default_rng(3), 1000, stall_p=0.1)) == []
+
+
+@pytest.mark.parametrize("off, case, named", [
+    (("HOST_REPAYS", "HOST_SHORT"), "one host's tail, then its peer's", "leaf0->h0"),
+    (("HOST_SHORT",), "two short iterations", "leaf0->h1"),
+    (("HOST_REPAYS",), "a tail that comes back in two parts", "leaf0->h0")])
+def test_without_the_tail_rules_tails_raise_host_alerts(monkeypatch, off, case, named):
+    """The controls: each pattern alarms with the rule(s) that stop it turned off (so each is needed)."""
+    for rule in off:
+        monkeypatch.setattr(checks, rule, False if rule == "HOST_REPAYS" else math.inf)
+    alerts = host_alerts(tail_stall_pulses(np.random.default_rng(11), 100, stalls=TAILS[case]))
+    assert [e.candidates[0] for _, e in alerts] == [named], alerts
 
 
 def test_a_lossy_host_link_is_still_found_among_iteration_tails():
     """A 2% leaf0->h1 loss with tails moving between pulses in a tenth of them, 20 seeds: always named, in
-    the 4th faulty pulse in the median, 13th at worst (without the rule: 3.5 and 13; without tails: the
-    3rd in every seed, as the host test judges a pulse once the next one confirms it)."""
+    the 3.5th faulty pulse in the median, the 17th at worst (repaying only: 4 and 13; neither rule: 3.5
+    and 13; without tails: the 3rd in every seed, as the host test judges a pulse once the next one
+    confirms it). Over 40 seeds: median 3, 38 of 40 within 10 pulses."""
     delays = []
     for seed in range(20):
         alerts = host_alerts(tail_stall_pulses(np.random.default_rng(seed), 80, stall_p=0.1, host_surplus=0.02))
@@ -412,4 +431,4 @@ def test_a_lossy_host_link_is_still_found_among_iteration_tails():
         pulse, alert = alerts[0]
         assert alert.evidence.get("test") == "host" and alert.candidates[0] == "leaf0->h1", alert
         delays.append(pulse - 20)
-    assert statistics.median(delays) <= 4 and max(delays) <= 15, delays
+    assert statistics.median(delays) <= 4 and max(delays) <= 20, delays

@@ -3,6 +3,7 @@ named; with one of the rules that fixed them turned off, the failure they showed
 (so each rule is needed, and this test can fail). See tests/data/recorded-runs/README.md."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ RUNS = Path(__file__).parent / "data" / "recorded-runs"
 ALL = ["busy-allgather-two-faults", "busy-reduce-scatter-two-faults", "busy-ddp-two-faults",
        "busy-ddp-retransmission-chain", "ci-ddp-host-tail-stall"]
 HOST_BURSTS = "busy-host-retransmission-bursts"
+SHORT_ITERATIONS = "clone-host-short-iterations"
 
 
 def detection(run: str, cfg: DetectorConfig | None = None) -> dict:
@@ -37,17 +39,22 @@ def test_without_pulse_assembly_stall_split_pulses_break_it():
 
 def test_reduce_scatter_needs_pulse_assembly_or_hosts_that_wait_for_fabric_losses(monkeypatch):
     """Its stall-split pulses gave leaf0's h0 a false host alert during the two fabric losses: pulse
-    assembly prevents it, and so does not judging host ports while a fabric loss into the leaf shows."""
-    import math
-
+    assembly prevents it, and so does not judging host ports while a fabric loss into the leaf shows;
+    so does not judging hosts in short pulses (HOST_SHORT, off for the rest of this test)."""
     import agent.detector.switch as switch
 
     run = "busy-reduce-scatter-two-faults"
     clean = lambda d: d["false_positives"] == 0 and d["localization_correct"] == d["faults"] == 2   # noqa: E731
+    monkeypatch.setattr(checks, "EXPOSED_Z", math.inf)
+    monkeypatch.setattr(switch, "HOSTS_WAIT_FOR_FABRIC_LOSS", False)
+    assert clean(detection(run, DetectorConfig(fragment_share=0.0)))
+    monkeypatch.setattr(checks, "HOST_SHORT", math.inf)
+    assert clean(detection(run))
+    monkeypatch.undo()
+    monkeypatch.setattr(checks, "HOST_SHORT", math.inf)
     assert clean(detection(run, DetectorConfig(fragment_share=0.0)))
     monkeypatch.setattr(checks, "EXPOSED_Z", math.inf)
     monkeypatch.setattr(switch, "HOSTS_WAIT_FOR_FABRIC_LOSS", False)
-    assert clean(detection(run))
     det = detection(run, DetectorConfig(fragment_share=0.0))
     assert det["false_positives"] > 0, det
 
@@ -102,7 +109,18 @@ def test_a_host_noise_factor_learned_below_its_prior_takes_a_burst_for_a_loss(mo
     assert any("leaf1->h2" in a["candidates"] for a in det["false_alerts"]), det["false_alerts"]
 
 
-def test_without_repaying_a_shortfall_an_iteration_tail_raises_a_host_alert(monkeypatch):
-    monkeypatch.setattr(checks, "HOST_REPAYS", False)
-    det = detection("ci-ddp-host-tail-stall")
-    assert [a["candidates"][0] for a in det["false_alerts"]] == ["leaf3->h6"], det["false_alerts"]
+def test_a_lossy_host_link_among_short_iterations_is_named_and_nothing_else():
+    det = detection(SHORT_ITERATIONS)
+    assert det["false_positives"] == 0, det["false_alerts"]
+    assert det["localization_correct"] == det["faults"] == 1, det["per_fault"]
+
+
+@pytest.mark.parametrize("run, off, named", [
+    ("ci-ddp-host-tail-stall", ("HOST_REPAYS", "HOST_SHORT"), "leaf3->h6"),
+    (SHORT_ITERATIONS, ("HOST_SHORT",), "leaf3->h7")])
+def test_without_the_tail_rules_an_iteration_tail_raises_a_host_alert(monkeypatch, run, off, named):
+    """Either rule alone stops the CI run's false alert (each pattern is in tests/test_detector.py's TAILS)."""
+    for rule in off:
+        monkeypatch.setattr(checks, rule, False if rule == "HOST_REPAYS" else math.inf)
+    det = detection(run)
+    assert [a["candidates"][0] for a in det["false_alerts"]] == [named], det["false_alerts"]
