@@ -159,3 +159,30 @@ def test_host_surplus_blames_an_uplink_only_when_it_stands_out():
     one = {**even, "spine2": 0.02}
     evs = IncidentTracker(fab, Spines(one)).feed(alert)
     assert evs[0]["link"] is None and "leaf1->spine2" in evs[0]["how"], evs
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_held_back_pair_does_not_keep_a_verdict_undecided(monkeypatch, fold):
+    """A fresh clone's run (allgather, 2% on leaf2->spine1): spine1's per-pulse estimates were about 2%
+    (sd 1.1%) but for one pulse boundary that held packets back, -8.5% then +10.9%. Apart, the pair
+    widened the window's sd for the rest of the fault and the verdict stayed undecided through the
+    18 faulty pulses; folded into one pulse (verdict.fold_held_back) it decides. The control: without
+    folding, undecided at every pulse from the pair on."""
+    from agent.detector import verdict
+
+    if not fold:
+        monkeypatch.setattr(verdict, "HELD_BACK_Z", math.inf)
+    rng = np.random.default_rng(4)
+    rates = list(rng.normal(0.02, 0.011, 18))
+    rates[5], rates[6] = -0.085, 0.109
+    led = Ledger(1)
+    after_pair = []
+    for i, q in enumerate(rates):
+        led.add(float(i), np.array([q]), np.array([0.011 ** 2]), np.array([1.0]), np.array([True]))
+        v, _ = settle(evidence_from(led, 0, 0.0, "leaf2->spine1", "spine1", False), 0.02, 0.004)
+        if i >= 6:
+            after_pair.append(v)
+    if fold:
+        assert after_pair[-1] is Verdict.UPSTREAM and Verdict.DOWNSTREAM not in after_pair, after_pair
+    else:
+        assert set(after_pair) == {Verdict.UNDECIDED}, after_pair

@@ -32,7 +32,14 @@ def test_recorded_busy_runs_localize_both_faults_and_name_nothing_healthy(run):
     assert det["localization_correct"] == det["faults"] == 2, det["per_fault"]
 
 
-def test_without_pulse_assembly_stall_split_pulses_break_it():
+def test_without_pulse_assembly_stall_split_pulses_break_it(monkeypatch):
+    """Folding held-back pairs in the owners' verdicts (verdict.fold_held_back) covers this run's split
+    pulses too: without assembly it still localizes; without either it does not."""
+    from agent.detector import verdict
+
+    det = detection("busy-allgather-two-faults", DetectorConfig(fragment_share=0.0))
+    assert det["false_positives"] == 0 and det["localization_correct"] == det["faults"], det
+    monkeypatch.setattr(verdict, "HELD_BACK_Z", math.inf)
     det = detection("busy-allgather-two-faults", DetectorConfig(fragment_share=0.0))
     assert det["false_positives"] > 0 or det["localization_correct"] < det["faults"], det
 

@@ -47,6 +47,7 @@ SLACK_S = 0.05         # pulses of one iteration start within this of each other
 # degrees of freedom of prior weight: two pulses alone give chi^2 with one degree of freedom, above 1 a
 # third of the time, and widening on that delayed 8 of 100 model verdicts by more than an iteration.
 SCATTER_PRIOR_DOF = 4.0
+HELD_BACK_Z = 3.0      # two consecutive pulses this far from the estimate, on opposite sides, are folded
 
 
 class Verdict(str, Enum):
@@ -89,16 +90,12 @@ class Ledger:
         self.rows.append((float(start_time), a, b, mask.astype(np.int64)))
 
     def window(self, cell: int, since: float) -> tuple[float, float, float, int]:
-        """(sum a, sum b, sum a^2/b, judged pulses) over pulses that started at or after ``since``."""
-        sa = sb = saa = 0.0
-        n = 0
-        for t, a, b, m in self.rows:
-            if t >= since - SLACK_S and m[cell] and b[cell] > 0:
-                sa += float(a[cell])
-                sb += float(b[cell])
-                saa += float(a[cell]) ** 2 / float(b[cell])
-                n += 1
-        return sa, sb, saa, n
+        """(sum a, sum b, sum a^2/b, judged pulses) over pulses that started at or after ``since``, each
+        held-back pair folded into one (see :func:`fold_held_back`)."""
+        rows = [(float(a[cell]), float(b[cell])) for t, a, b, m in self.rows
+                if t >= since - SLACK_S and m[cell] and b[cell] > 0]
+        rows = fold_held_back(rows)
+        return (sum(a for a, _ in rows), sum(b for _, b in rows), sum(a * a / b for a, b in rows), len(rows))
 
     def state(self) -> list:
         return [[t, a.tolist(), b.tolist(), m.tolist()] for t, a, b, m in self.rows]
@@ -109,6 +106,31 @@ class Ledger:
             if len(a) != self.ncells:
                 raise ValueError(f"saved ledger has {len(a)} cells, expected {self.ncells}")
             self.rows.append((float(t), np.asarray(a, float), np.asarray(b, float), np.asarray(m, np.int64)))
+
+
+def fold_held_back(rows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Consecutive pulses whose rates stand beyond ``HELD_BACK_Z`` sd from the window's estimate on
+    opposite sides are one pulse boundary's timing, not the link: packets one pulse held back and the
+    next brought (live, allgather, spine1 on a 2% loss: -8.5% then +10.9%, 1.1% sd each). Summed, they
+    are one pulse's worth of evidence with the model's variance; apart, they put chi^2 ~ 160 into the
+    window's scatter, which then widened the estimate's sd for the rest of the fault and kept a 2%
+    loss undecided from the pair to the end of the job (a fresh clone's test run: the incident never
+    named its link; tests/test_incidents.py). A lone held-back pulse whose return is not in the window
+    yet is left as it is (its scatter is what the widening is for). A folded pair counts as one pulse."""
+    if len(rows) < 2:
+        return rows
+    q = sum(a for a, _ in rows) / sum(b for _, b in rows)
+    z = [(a / b - q) * math.sqrt(b) for a, b in rows]
+    out: list[tuple[float, float]] = []
+    i = 0
+    while i < len(rows):
+        if i + 1 < len(rows) and min(abs(z[i]), abs(z[i + 1])) > HELD_BACK_Z and z[i] * z[i + 1] < 0:
+            out.append((rows[i][0] + rows[i + 1][0], rows[i][1] + rows[i + 1][1]))
+            i += 2
+        else:
+            out.append(rows[i])
+            i += 1
+    return out
 
 
 def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str, alert_open: bool) -> LinkEvidence:
