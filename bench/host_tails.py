@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.detector import DetectorConfig  # noqa: E402
-from agent.detector.checks import HOST_HISTORY, TCP_IP_HEADERS  # noqa: E402
+from agent.detector.checks import HOST_HISTORY, TCP_IP_HEADERS, busy_hosts, host_delivered  # noqa: E402
 from agent.pulse import PulseAssembler  # noqa: E402
 from analysis.rundir import load_pulses  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
@@ -50,11 +50,8 @@ def tails(run: Path, cfg: DetectorConfig) -> dict:
             pc = asm.push(raw)
             if pc is None or pc.total < cfg.min_pulse_pkts:
                 continue
-            counts = pc.data if pc.data is not None else pc.ip
-            obs = counts[S:S + H, 1, :].sum(axis=1).astype(float)
-            if pc.dup is not None:
-                obs -= np.minimum(pc.dup[S:S + H, 0, 1] / mss, obs)
-            active = obs >= max(cfg.min_cell_pkts, 0.25 * obs.max(initial=0.0))
+            obs = host_delivered(pc, S, H, mss)
+            active = busy_hosts(obs, cfg.min_cell_pkts)
             if active.sum() < 2:
                 continue
             judged += 1

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from agent.detector import DetectorConfig, Model, SwitchDetector
-from agent.detector.arl import arl_brook_evans, thresholds
 import agent.detector.checks as checks
+from agent.detector.arl import arl_brook_evans, thresholds
 from agent.detector.checks import peer_prior
 from agent.pulse import PulseCounts
 from analysis.model import FabricModel, ModelSpec
@@ -347,7 +347,6 @@ def test_host_ports_wait_while_a_fabric_loss_into_the_leaf_is_open():
     assert hosts and hosts[0].candidates[0] == "leaf0->h1" and {e.evidence.get("test") for e in events} == {"host"}
 
 
-
 def tail_stall_pulses(rng, pulses: int, stall_p: float = 0.0, host_surplus: float = 0.0,
                       stalls: dict[int, tuple[float, float]] | None = None):
     """leaf0 of 4x4x2 under a ring job: each host gets 10,000 packets a pulse from leaves 1..3 (random
@@ -375,6 +374,12 @@ def tail_stall_pulses(rng, pulses: int, stall_p: float = 0.0, host_surplus: floa
                 ip[:4, 0, src] += rng.multinomial(per_src[i], [0.25] * 4)
         out.append(PulseCounts("leaf0", t + 1, ip, np.zeros((6, 2)), start_time=float(t), end_time=t + 0.5))
     return out
+
+
+def tail_rules_off(monkeypatch, rules) -> None:
+    """Turn off the host test's tail rules named (HOST_REPAYS, HOST_SHORT) for one test."""
+    for rule in rules:
+        monkeypatch.setattr(checks, rule, False if rule == "HOST_REPAYS" else math.inf)
 
 
 def host_alerts(pulses) -> list:
@@ -413,8 +418,7 @@ def test_iteration_tails_moved_to_the_next_pulse_raise_no_host_alert():
     (("HOST_REPAYS",), "a tail that comes back in two parts", "leaf0->h0")])
 def test_without_the_tail_rules_tails_raise_host_alerts(monkeypatch, off, case, named):
     """The controls: each pattern alarms with the rule(s) that stop it turned off (so each is needed)."""
-    for rule in off:
-        monkeypatch.setattr(checks, rule, False if rule == "HOST_REPAYS" else math.inf)
+    tail_rules_off(monkeypatch, off)
     alerts = host_alerts(tail_stall_pulses(np.random.default_rng(11), 100, stalls=TAILS[case]))
     assert [e.candidates[0] for _, e in alerts] == [named], alerts
 

@@ -446,6 +446,22 @@ class SpineCheck:
         self.ledger.load(d.get("ledger", []))
 
 
+def host_delivered(pc: PulseCounts, S: int, H: int, mss: float) -> np.ndarray:
+    """Per host of a leaf (ports ``S..S+H``): the data packets the leaf sent it in ``pc``, less the
+    segments the host reported with a D-SACK (it got them twice: no loss; reordered copies resent
+    spuriously: live, 250 packets to one host in one pulse of a healthy 8 MiB allreduce)."""
+    counts = pc.data if pc.data is not None else pc.ip
+    obs = counts[S:S + H, 1, :].sum(axis=1).astype(float)
+    if pc.dup is not None:
+        obs = obs - np.minimum(pc.dup[S:S + H, 0, 1] / mss, obs)
+    return obs
+
+
+def busy_hosts(obs: np.ndarray, min_cell_pkts: int) -> np.ndarray:
+    """The hosts in the job this pulse: at least a quarter of the busiest one's packets."""
+    return obs >= max(min_cell_pkts, 0.25 * float(obs.max(initial=0.0)))
+
+
 class HostCheck:
     """Leaves: packets sent to each host against its peer hosts on the same leaf (``leafM->hN``).
 
@@ -483,18 +499,17 @@ class HostCheck:
         self.mss = float(fabric.spec.mtu - TCP_IP_HEADERS)
         self._held: Samples | None = None
         self._exposed = np.zeros(self.shape, bool)     # hosts exposed to a fabric loss in the last pulse
-        self._owed_now = np.zeros(self.shape)          # each host's shortfall (<= 0) in the last pulse
-        self._owed_held = np.zeros(self.shape)         # ... in the held pulse
+        self._owed_held = np.zeros(self.shape)         # each host's shortfall (<= 0) in the held pulse
         self._owed_before_held = np.zeros(self.shape)  # ... in the pulse before the held one
         self._per_host: deque[float] = deque(maxlen=HOST_HISTORY)   # recent pulses' mean per active host
 
     def samples(self, pc: PulseCounts) -> Samples:
         """The previous pulse's surpluses, as far as this pulse confirms them."""
-        cur = self._surplus(pc)
+        cur, owed_now = self._surplus(pc)
         cur.start_time = pc.start_time
         prev, self._held = self._held, cur
         owed = self._owed_before_held
-        self._owed_before_held, self._owed_held = self._owed_held, self._owed_now
+        self._owed_before_held, self._owed_held = self._owed_held, owed_now
         if prev is not None and HOST_REPAYS:
             # a surplus first repays what the host was short in the pulse before (see _surplus)
             prev.r = np.where(prev.mask & (prev.r > 0), np.maximum(prev.r + owed, 0.0), prev.r)
@@ -504,17 +519,13 @@ class HostCheck:
         out.mask = out.mask & ~self._exposed
         return out
 
-    def _surplus(self, pc: PulseCounts) -> Samples:
+    def _surplus(self, pc: PulseCounts) -> tuple[Samples, np.ndarray]:
+        """This pulse's samples, and each host's shortfall against its peers (<= 0; see below)."""
         S, H = self.S, self.H
         counts = pc.data if pc.data is not None else pc.ip
         to_host = counts[S:S + H, 1, :].astype(float)           # [host, source class]
-        obs = to_host.sum(axis=1)
-        if pc.dup is not None:
-            # what each host says it got twice (its D-SACKs, coming in on its port) is no loss: take
-            # those segments off (reordered copies resent spuriously: live, 250 packets to one host
-            # in one pulse of a healthy 8 MiB allreduce)
-            obs = obs - np.minimum(pc.dup[S:S + H, 0, 1] / self.mss, obs)
-        delivered = obs.copy()
+        delivered = host_delivered(pc, S, H, self.mss)
+        obs = delivered
         ps = self.peer.last
         exposed = np.zeros(self.shape, bool)
         if ps is not None and ps.mask.any() and self.peer.per_source:
@@ -533,12 +544,11 @@ class HostCheck:
             strong = (np.where(ps.mask, ps.r - EXPOSED_Z * sd, 0.0) > 0).any(axis=1)
             exposed = (src[:, strong] > 0).any(axis=1)
         self._exposed = exposed
-        active = self.judged & (obs >= max(self.cfg.min_cell_pkts, 0.25 * float(obs.max(initial=0.0))))
+        active = self.judged & busy_hosts(obs, self.cfg.min_cell_pkts)
         n = int(active.sum())
-        self._owed_now = np.zeros(self.shape)
         if n < 2:
             z = np.zeros(self.shape)
-            return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, obs)
+            return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, obs), np.zeros(self.shape)
         others = (obs[active].sum() - obs) / (n - 1)
         # An iteration cut short by a stall (its tail comes in the next pulse) makes the hosts it spares
         # look in surplus: with two hosts a leaf cannot tell "h7 got more" from "h6 got less" (live: h6
@@ -555,14 +565,14 @@ class HostCheck:
         # elsewhere): 359 packets to one host arrived 160 ms after its iteration, were judged with the
         # next one, and that host's link raised a false 3.6% alert when its peer's tail did the same
         # two pulses later (the forward confirmation in ``confirmed`` saw a surplus twice).
-        self._owed_now = np.where(active, np.minimum(obs - others, 0.0), 0.0)
+        owed = np.where(active, np.minimum(obs - others, 0.0), 0.0)
         # More than HOST_BAND apart is the job, not a silent loss: an iteration that a stall cut in two
         # pulses (live: 4 and 2,190 packets to a leaf's two hosts, then 10,212 and 8,026), a rank that
         # finished first. Such cells are not judged (a host link losing more than 10% is no silent fault).
         mask = active & ~exposed & (others >= self.cfg.min_cell_pkts) & (np.abs(obs - others) <= HOST_BAND * others) \
             & (not short)
         u = np.where(mask, obs + others / (n - 1), 1.0)
-        return Samples(np.where(mask, obs - others, 0.0), u, others, mask, others, obs)
+        return Samples(np.where(mask, obs - others, 0.0), u, others, mask, others, obs), owed
 
     def learn(self, smp: Samples) -> None:
         return None
