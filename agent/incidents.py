@@ -225,15 +225,15 @@ class IncidentTracker:
             else:
                 want[key] = (att, [a])
         events: list[dict] = []
-        renamed: dict[str, Incident] = {}
+        renamed: dict[str, list[Incident]] = {}
         for iid, inc in list(self.incidents.items()):
             if iid in want:
                 continue
             del self.incidents[iid]
             moved = [k for k, (att, als) in want.items() if att.link and any(x["alert_id"] in inc.alerts for x in als)]
-            if moved and inc.link is None and moved[0] not in self.incidents:
-                renamed[moved[0]] = inc           # an ambiguous incident got its link: it continues under it
-            elif not moved:
+            if moved:
+                renamed.setdefault(moved[0], []).append(inc)   # it got its link: it continues under it
+            else:
                 events.append(inc.event("resolved", now, self.reporter))
         for key, (att, als) in want.items():
             kind = "corruption" if any(a["kind"] == "corruption" for a in als) else \
@@ -241,21 +241,30 @@ class IncidentTracker:
             inc = self.incidents.get(key)
             alerts = {a["alert_id"]: a for a in als}
             rate = max(a["estimated_rate"] for a in als)
+            # Every incident that got this link ends in a "localized" event naming it (previous_id), also
+            # when two got it in one tick or the link already had an incident of its own.
+            prevs = sorted(renamed.get(key, []), key=lambda i: i.first_time)
             if inc is None:
-                prev = renamed.get(key)
+                first = prevs.pop(0) if prevs else None
                 inc = Incident(key, att.link, sorted(att.candidates), kind, alerts,
-                               prev.first_time if prev else now, att.how, att.evidence, rate)
+                               min([p.first_time for p in prevs] + [first.first_time if first else now]),
+                               att.how, att.evidence, rate)
                 self.incidents[key] = inc
-                ev = inc.event("localized" if prev else "open", now, self.reporter)
-                if prev:
-                    ev["previous_id"] = prev.incident_id
+                ev = inc.event("localized" if first else "open", now, self.reporter)
+                if first:
+                    ev["previous_id"] = first.incident_id
                 events.append(ev)
-                continue
-            changed = set(alerts) != set(inc.alerts) or kind != inc.kind or att.how != inc.how or \
-                abs(rate - inc.rate) > max(0.2 * inc.rate, 0.001)
-            inc.alerts, inc.kind, inc.how, inc.evidence = alerts, kind, att.how, att.evidence or inc.evidence
-            if changed:
-                inc.rate = rate
+                changed = False
+            else:
+                changed = set(alerts) != set(inc.alerts) or kind != inc.kind or att.how != inc.how or \
+                    abs(rate - inc.rate) > max(0.2 * inc.rate, 0.001)
+                inc.alerts, inc.kind, inc.how, inc.evidence = alerts, kind, att.how, att.evidence or inc.evidence
+                inc.first_time = min([inc.first_time] + [p.first_time for p in prevs])
+                if changed:
+                    inc.rate = rate
+            for p in prevs:
+                events.append({**inc.event("localized", now, self.reporter), "previous_id": p.incident_id})
+            if changed and not prevs:
                 events.append(inc.event("update", now, self.reporter))
         self.history.extend(events)
         return events
@@ -296,7 +305,12 @@ def summarize(history: list[dict]) -> list[dict]:
         iid = ev["incident_id"]
         if ev["event"] == "localized" and ev.get("previous_id") in rows:
             row = rows.pop(ev["previous_id"])
-            rows[iid] = row
+            if iid in rows:                        # two incidents got the same link: one row
+                rows[iid]["first_time"] = min(rows[iid]["first_time"], row["first_time"])
+                for k in ("alerts", "candidates"):
+                    rows[iid][k] = sorted(set(rows[iid][k]) | set(row[k]))
+            else:
+                rows[iid] = row
         row = rows.setdefault(iid, {"incident_id": iid, "first_time": ev["time"], "localized_time": None,
                                     "resolved_time": None, "alerts": [], "candidates": []})
         row.update({"incident_id": iid, "link": ev["link"], "kind": ev["kind"], "how": ev["how"],

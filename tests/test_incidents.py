@@ -38,6 +38,49 @@ def test_two_faults_get_two_incidents(links):
     assert {r["link"] for r in rows} == set(links)
 
 
+class SwitchableOwner:
+    """An owner's evidence that is undecided until ``lossy`` is set, then an open alert."""
+
+    def __init__(self):
+        self.lossy = False
+
+    def evidence(self, owner, link, since):
+        return LinkEvidence(link.name, owner, 0.01 if self.lossy else 0.005, 0.01, 3, self.lossy)
+
+
+def ambiguous_alert(leaf: str, uplink: str, owned: str, t: float) -> dict:
+    return {"event": "alert", "alert_id": f"{leaf}/1/in/loss", "time": t, "switch": leaf, "port": 1, "link": None,
+            "candidates": [uplink, owned], "kind": "loss", "estimated_rate": 0.015, "onset_time": t,
+            "evidence": {"rate_sd": 0.004}}
+
+
+@pytest.mark.parametrize("named_first", [False, True])
+def test_every_incident_that_gets_a_link_says_so(named_first):
+    """Two leaves' alerts wait for spine0's verdict on leaf3->spine0 (two incidents); the verdict comes
+    in one tick for both (a model run with two faults lost leaf0's incident: it vanished without an
+    event and stayed "localizing" in the report). With ``named_first``, spine0's own alert named the
+    link first and the two join that incident. Either way each ends in a "localized" event that names
+    it, and the report has one row for the link with both leaves' alerts."""
+    owner = SwitchableOwner()
+    tr = IncidentTracker(Fabric(FabricSpec()), owner)
+    evs = tr.feed(ambiguous_alert("leaf0", "leaf3->spine0", "spine0->leaf0", 1.0))
+    evs += tr.feed(ambiguous_alert("leaf2", "leaf3->spine0", "spine0->leaf2", 2.0))
+    waiting = {e["incident_id"] for e in evs if e["event"] == "open"}
+    assert waiting == {"leaf3->spine0|spine0->leaf0", "leaf3->spine0|spine0->leaf2"}, evs
+    if named_first:
+        evs += tr.feed({"event": "alert", "alert_id": "spine0/4/in/loss", "time": 2.5, "switch": "spine0",
+                        "port": 4, "link": "leaf3->spine0", "candidates": ["leaf3->spine0"], "kind": "loss",
+                        "estimated_rate": 0.015, "onset_time": 2.5, "evidence": {}})
+    owner.lossy = True
+    evs += tr.tick(3.0)
+    ended = {e["previous_id"] for e in evs if e["event"] == "localized" and e["incident_id"] == "leaf3->spine0"}
+    assert ended == waiting, evs
+    assert not [e for e in evs if e["event"] == "resolved"], evs
+    rows = summarize(evs)
+    assert [r["link"] for r in rows] == ["leaf3->spine0"], rows
+    assert rows[0]["first_time"] == 1.0 and {"leaf0/1/in/loss", "leaf2/1/in/loss"} <= set(rows[0]["alerts"]), rows
+
+
 def test_out_of_service_link_silent_while_a_new_fault_is_named():
     """leaf2->spine3 is out of service (and lossy); a new fault on spine1->leaf0 is named, nothing else."""
     spec = ModelSpec(size=16 << 20, seed=5, out_of_service=["leaf2->spine3"])
