@@ -79,7 +79,12 @@ def test_without_one_way_predecessors_a_verdict_is_lost(monkeypatch):
     assert det["localization_correct"] < det["faults"], det
 
 
-def test_without_widening_for_scatter_a_verdict_names_a_healthy_link(monkeypatch):
+def test_without_widening_for_scatter_or_held_back_pulses_taken_out_a_verdict_names_a_healthy_link(monkeypatch):
+    """spine1's ledger in this run has a pulse that held packets back: either guard alone (the window's
+    scatter widening its sd, or the held-back pulse taken out of the window) keeps the verdict from
+    naming a healthy link; without both, spine1->leaf3 is named."""
+    from agent.detector import verdict
+
     plain = Ledger.window
 
     def no_scatter(self, cell, since):
@@ -87,6 +92,9 @@ def test_without_widening_for_scatter_a_verdict_names_a_healthy_link(monkeypatch
         return sa, sb, (sa * sa / sb if sb > 0 else 0.0), n   # chi^2 = 0: the model's sd only
 
     monkeypatch.setattr(Ledger, "window", no_scatter)
+    det = detection("busy-allgather-two-faults")
+    assert det["incidents_naming_healthy_links"] == [] and det["localization_correct"] == 2, det
+    monkeypatch.setattr(verdict, "HELD_BACK_Z", math.inf)
     det = detection("busy-allgather-two-faults")
     assert det["incidents_naming_healthy_links"] == ["spine1->leaf3"], det
 
