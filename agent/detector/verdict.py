@@ -145,8 +145,8 @@ def fold_held_back(rows: list[tuple[float, float]],
     which then looks like its partner (a model run folded a healthy +1.0% with a held-back -9.0% and
     settled "intact" on a 2% loss). Any other lone outlier stays and widens the window's sd. In the
     model with 15% of pulse boundaries holding packets back, 22 of 800 upstream losses settled "intact"
-    with the fold judged against the whole window's estimate, 7 of 800 with this one (both with the
-    two-pulse minimum; tests/test_incidents.py)."""
+    with the fold judged against the whole window's estimate, 7 of 800 with this one
+    (tests/test_incidents.py)."""
     if len(rows) < 2:
         return list(rows)
     sa = sum(a for a, _ in rows)
@@ -196,14 +196,17 @@ def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str
     return LinkEvidence(link, owner, q, math.sqrt(max(1.0, scatter) / sb), n, alert_open)
 
 
-def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 3) -> tuple[Verdict, float]:
+def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 2) -> tuple[Verdict, float]:
     """Upstream or downstream for a downstream alert of estimated ``rate`` (sd ``rate_sd``), given the
     owner's evidence since the alert's onset; returns the verdict and the log-likelihood ratio (upstream
     against downstream). ``min_pulses``: the owner's window must hold this many pulses once a pulse
-    boundary's timing is taken out. With two, a pulse that held back a few percent of its packets
-    (too few to stand ``HELD_BACK_Z`` from its one neighbour) could decide the verdict alone: in the
-    model with held-back pulses at 15% of boundaries, 7 of 800 upstream losses settled "intact" with
-    two and 3 of 800 with three, for one pulse more in the median (tests/test_incidents.py)."""
+    boundary's timing is taken out (a stall can cut an iteration in two). Three would keep a pulse that
+    held back a few percent of its packets (too few to stand ``HELD_BACK_Z`` from its one neighbour)
+    from deciding alone: in the model with 15% of pulse boundaries holding packets back, 3 of 800
+    upstream losses settled "intact" with three against 7 of 800 with two, both inside the
+    1/DECIDE_LR budget; but three costs every verdict a pulse, and the localization sweep named 60 of
+    100 faults within one iteration of detection against 80 with two, 12 of 30 at the paper's scale
+    against 30 of 30 (tests/test_incidents.py, bench/localize.py)."""
     if ev is None:
         return Verdict.UNJUDGED, 0.0
     if ev.alert_open:
