@@ -37,7 +37,12 @@ def detection_summary(faults: list[dict], alerts: list[dict], iterations: list[d
                 "first_alert": {k: a.get(k) for k in ("switch", "port", "link", "candidates", "estimated_rate", "score",
                                                       "time")},
                 "seconds_to_detect": round(a["time"] - f["start"], 3),
-                "iterations_to_detect": (it - first_faulty + 1) if it is not None and first_faulty is not None else None,
+                # 1: caught in the first iteration wholly under the fault, or in the tail of the one before
+                # it that the fault switched on during (rank 0 ends an iteration before the others do, so a
+                # fault due "before iteration K" can reach K-1's last packets: never 0, which reads as
+                # "before the fault")
+                "iterations_to_detect": max(1, it - first_faulty + 1) if it is not None and first_faulty is not None
+                else None,
                 "first_alert_names_link": a.get("link") == f["link"],
                 "first_alert_candidates_hold_link": f["link"] in a.get("candidates", []),
             })
