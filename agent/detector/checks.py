@@ -524,8 +524,7 @@ class HostCheck:
         S, H = self.S, self.H
         counts = pc.data if pc.data is not None else pc.ip
         to_host = counts[S:S + H, 1, :].astype(float)           # [host, source class]
-        delivered = host_delivered(pc, S, H, self.mss)
-        obs = delivered
+        obs = delivered = host_delivered(pc, S, H, self.mss)   # obs: less what fabric losses explain
         ps = self.peer.last
         exposed = np.zeros(self.shape, bool)
         if ps is not None and ps.mask.any() and self.peer.per_source:

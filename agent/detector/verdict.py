@@ -160,7 +160,7 @@ def fold_held_back(rows: list[tuple[float, float]],
 
     out: list[tuple[float, float]] = []
     start = 0
-    if before is not None and len(rows) >= 2:
+    if before is not None:
         z0 = z(0)
         zb = _apart(before, (sa - rows[0][0], sb - rows[0][1]))
         if min(abs(z0), abs(zb)) > lim and z0 * zb < 0:
