@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import netns
 
 from netns_testbed.errors import EnvironmentProblem, SpecError, StateError
 from netns_testbed import datapath as dp
 from netns_testbed import pidfile
-from netns_testbed.nsutil import NETNS_RUN_DIR, kill_pids, pids_in_netns, require_root, sysctl
+from netns_testbed.nsutil import (NETNS_RUN_DIR, iproute, kill_pids, pids_in_netns, require_root, set_offloads,
+                                  sysctl)
 from netns_testbed.state import RUN_DIR, Testbed, TestbedState, prefix_lock, remove_prefix_lock, state_dir, write_state
 from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
 
@@ -141,7 +142,7 @@ def _make_namespaces(prefix: str, fabric: Fabric) -> None:
             ("net.ipv4.fib_multipath_hash_policy", 1),  # kernel ECMP baseline: per 5-tuple
         ):
             sysctl(name, key, value)
-        with IPRoute(netns=name) as ipr:
+        with iproute(name) as ipr:
             ipr.link("set", index=1, state="up")      # the loopback is index 1 in every namespace
 
 
@@ -149,7 +150,7 @@ def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[
     """veth per link, created straight into both namespaces (nothing in the root one)."""
     mtu = fabric.spec.mtu
     for leaf in fabric.leaves:  # every link has a leaf end: create each veth once, from there
-        with IPRoute(netns=namespace(prefix, leaf)) as ipr:
+        with iproute(namespace(prefix, leaf)) as ipr:
             for p in fabric.ports[leaf]:
                 peer = fabric.port(p.peer, p.peer_index)
                 ipr.link("add", ifname=p.ifname, kind="veth", mtu=mtu,
@@ -157,7 +158,7 @@ def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[
     ifindexes: dict[str, list[int]] = {}
     for node in fabric.nodes:
         name = namespace(prefix, node)
-        with IPRoute(netns=name) as ipr:
+        with iproute(name) as ipr:
             # one dump per namespace (link_lookup dumps every link of the namespace at each call)
             by_name = {l.get_attr("IFLA_IFNAME"): l["index"] for l in ipr.get_links()}
             idx = []
@@ -167,34 +168,20 @@ def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[
                 ipr.link("set", index=i, state="up")
                 idx.append(i)
             ifindexes[node] = idx
-        if not opts.offloads:
-            for p in fabric.ports[node]:
-                set_offloads(name, p.ifname, False)
+        if not opts.offloads:   # segmentation offloads off: one skb is one wire frame (spray, drops, counts)
+            set_offloads(name, [p.ifname for p in fabric.ports[node]], OFFLOADS, False)
     return ifindexes
-
-
-def set_offloads(ns: str, ifname: str, on: bool) -> None:
-    """Segmentation offloads off so that one skb is one wire frame (spraying, drops, counts)."""
-    argv = ["ip", "netns", "exec", ns, "ethtool", "-K", ifname]
-    for o in OFFLOADS:
-        argv += [o, "on" if on else "off"]
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    except FileNotFoundError:
-        raise EnvironmentProblem("ethtool is missing: apt-get install ethtool (sudo scripts/setup.sh does it)") from None
-    if r.returncode not in (0, 80):  # 80: some feature cannot change on veth; the rest applied
-        raise EnvironmentProblem(f"ethtool -K {ifname} failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
 
 
 def _make_routes(prefix: str, fabric: Fabric, out_of_service, ifindexes: dict[str, list[int]]) -> None:
     oos = {l.name for l in out_of_service}
     for host in fabric.hosts:
         leaf_port = fabric.port_to(fabric.host_leaf(host), host)
-        with IPRoute(netns=namespace(prefix, host)) as ipr:
+        with iproute(namespace(prefix, host)) as ipr:
             # Only the fabric's 10/8: anything else has no route at all.
             ipr.route("add", dst="10.0.0.0/8", gateway=str(leaf_port.address.ip))
     for leaf in fabric.leaves:
-        with IPRoute(netns=namespace(prefix, leaf)) as ipr:
+        with iproute(namespace(prefix, leaf)) as ipr:
             for dst in fabric.leaves:
                 if dst == leaf:
                     continue
@@ -213,7 +200,7 @@ def _make_routes(prefix: str, fabric: Fabric, out_of_service, ifindexes: dict[st
                 else:
                     ipr.route("add", dst=str(net), multipath=hops)
     for spine in fabric.spines:
-        with IPRoute(netns=namespace(prefix, spine)) as ipr:
+        with iproute(namespace(prefix, spine)) as ipr:
             for p in fabric.ports[spine]:
                 gw = fabric.port(p.peer, p.peer_index).address.ip
                 ipr.route("add", dst=str(Fabric.leaf_subnet(p.peer)), gateway=str(gw))
@@ -242,7 +229,7 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
                 maps.set_spray(state.weights, tb.out_of_service)
             finally:
                 maps.close()
-            with IPRoute(netns=namespace(prefix, sw)) as ipr:
+            with iproute(namespace(prefix, sw)) as ipr:
                 for idx in ifindexes[sw]:
                     ipr.tc("add", "clsact", idx)
                     for fn, parent in (("fp_ingress", "ffff:fff2"), ("fp_egress", "ffff:fff3")):

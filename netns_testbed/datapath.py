@@ -32,6 +32,7 @@ from netns_testbed.errors import EnvironmentProblem
 from netns_testbed.bpfmaps import (MapSpec, PinnedArray, PinnedHash, map_create, map_fds_in, map_spec, obj_pin,
                                    patch_map_fds, prog_load)
 from netns_testbed.contract import drift_from, static_asserts
+from netns_testbed.nsutil import iproute
 from netns_testbed.topo import Fabric, Link, node_kind, node_num
 
 BPF_DIR = Path(__file__).with_name("bpf")
@@ -660,10 +661,8 @@ def fault_struct(kind: str, rate: float, src: str | None = None, dst: str | None
 
 def interface_stats(netns_name: str) -> dict[str, dict[str, int]]:
     """The kernel's own per-interface packet/byte statistics inside a namespace."""
-    from pyroute2 import IPRoute
-
     out = {}
-    with IPRoute(netns=netns_name) as ipr:
+    with iproute(netns_name) as ipr:
         for link in ipr.get_links():
             st = link.get_attr("IFLA_STATS64")
             out[link.get_attr("IFLA_IFNAME")] = {

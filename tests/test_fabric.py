@@ -62,6 +62,48 @@ def test_default_fabric_all_pairs_and_no_way_out(default_testbed):
         assert unreachable_outside(tb, h)
 
 
+def ethtool_features(ns: str, ifname: str) -> dict[str, bool]:
+    """`ethtool -k` as the tool prints it (the independent view of what set_offloads did)."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-k", ifname], capture_output=True, text=True,
+                         check=True).stdout
+    feats = {}
+    for line in out.splitlines()[1:]:
+        name, _, value = line.strip().partition(": ")
+        feats[name] = value.startswith("on")
+    return feats
+
+
+def test_every_port_has_segmentation_offloads_off(default_testbed):
+    """One skb must be one wire frame: tso (every tx-tcp*-segmentation, 6.18's AccECN one included), gso
+    and gro off on both ends of every link, as `ethtool -k` reads them."""
+    tb = default_testbed
+    on = {}
+    for node in tb.fabric.nodes:
+        for p in tb.fabric.ports[node]:
+            f = ethtool_features(tb.ns(node), p.ifname)
+            seg = [k for k in f if re.fullmatch(r"tx-tcp.*-segmentation", k)]
+            assert "tx-tcp-segmentation" in seg, f
+            # ethtool prints gso and gro under their legacy names
+            left = [k for k in seg + ["tcp-segmentation-offload", "generic-segmentation-offload",
+                                      "generic-receive-offload"] if f[k]]
+            if left:
+                on[f"{node}:{p.ifname}"] = left
+    assert on == {}
+
+
+def test_iproute_socket_stays_in_its_namespace(default_testbed):
+    """nsutil.iproute opens its socket inside the namespace and brings the thread back: the socket lists
+    the namespace's ports, and this thread is in its own namespace again."""
+    from netns_testbed.nsutil import iproute
+
+    tb = default_testbed
+    home = os.stat("/proc/thread-self/ns/net").st_ino
+    with iproute(tb.ns("leaf0")) as ipr:
+        assert os.stat("/proc/thread-self/ns/net").st_ino == home
+        names = {l.get_attr("IFLA_IFNAME") for l in ipr.get_links()}
+    assert names == {"lo"} | {p.ifname for p in tb.fabric.ports["leaf0"]}
+
+
 def test_other_shape_2x3x1(make_testbed):
     tb = make_testbed(leaves=2, spines=3, hosts_per_leaf=1, mtu=9000, spray="random")
     assert all(r.ok for r in all_pairs(tb))
