@@ -5,6 +5,7 @@
 # tests/test_netem.py (or the pytest arguments after --) as root and prints pytest's summary.
 #   sudo scripts/guest-test.sh
 #   sudo scripts/guest-test.sh -- tests/test_netem.py -k drop
+#   sudo scripts/guest-test.sh --setup-only    # install what the guest needs, then stop (scripts/test.sh)
 # Exit status: pytest's; 2 bad input; 3 the guest could not run (one line says what is missing).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,5 +23,6 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "guest-test: installing ${need[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >&2
 fi
+if [ "${1:-}" = "--setup-only" ]; then exit 0; fi
 cd "$here"
 exec "$here/.venv/bin/python" -m guest "$@"

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # The test command: set up (idempotent), then run the whole suite as root.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k fabric
+# Extra arguments go to pytest, e.g. scripts/test.sh -k fabric (the host passes only, no guest)
 #
-# Two passes: the tests that need no root (statistics on synthetic streams, parsing, models) on
+# Three passes: the tests that need no root (statistics on synthetic streams, parsing, models) on
 # both CPUs (pytest-xdist; worksteal: a worker that runs out takes tests queued on the other, so
 # the minute-long false-alarm tests do not leave one CPU idle at the end), then the root tests
-# (real fabrics and jobs, some timing-sensitive) one at a time. Both always run; the exit status
-# is the first pass's failure, else the second's.
+# (real fabrics and jobs, some timing-sensitive) one at a time, then the kernel's own tests on
+# Debian's stock 6.1 kernel in an emulated guest (scripts/guest-test.sh: netem, the clsact path, a
+# real job with a netem drop), last so that it never competes with the timing-sensitive ones.
+# FLOWPULSE_GUEST=0 leaves the guest out (said on stderr). All passes run; the exit status is the
+# first failing pass's.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$here/scripts/setup.sh"
+guest=1
+if [ $# -gt 0 ] || [ "${FLOWPULSE_GUEST:-1}" = "0" ]; then guest=0; fi
+# the guest's packages (qemu, busybox-static, cpio, kmod) before the first pass: its unit tests use them
+if [ "$guest" -eq 1 ]; then "$here/scripts/guest-test.sh" --setup-only; fi
 cd "$here"
 py="$here/.venv/bin/python"
 common=(-q -p no:cacheprovider --timeout=900)
@@ -18,9 +25,20 @@ set +e
 first=$?
 "$py" -m pytest "${common[@]}" -m root tests "$@"
 second=$?
+third=0
+if [ $# -gt 0 ]; then
+    echo "test: pytest arguments given: the guest pass is left out (sudo scripts/guest-test.sh runs it)" >&2
+elif [ "$guest" -eq 0 ]; then
+    echo "test: FLOWPULSE_GUEST=0: the guest pass (Debian's 6.1 kernel, netem) is left out" >&2
+else
+    # the [bpf] twin of the real-job test is the backends' comparison (README), not a kernel check
+    "$here/scripts/guest-test.sh" -- --timeout=900 -rs tests/test_netem.py -k "not bpf"
+    third=$?
+fi
 set -e
 # 5: nothing selected in that pass (e.g. a -k that names only root tests): not a failure if the other ran
 if [ "$first" -eq 5 ] && [ "$second" -ne 5 ]; then first=0; fi
 if [ "$second" -eq 5 ] && [ "$first" -ne 5 ]; then second=0; fi
 if [ "$first" -ne 0 ]; then exit "$first"; fi
-exit "$second"
+if [ "$second" -ne 0 ]; then exit "$second"; fi
+exit "$third"

@@ -1,5 +1,5 @@
 """The guest runner's pieces that need no guest: input checks, the initramfs it builds, qemu's argv.
-(Booting is what `sudo scripts/guest-test.sh` does; it is not part of this suite.)"""
+(Booting is the test command's third pass, `scripts/guest-test.sh`, not a test of this suite.)"""
 from __future__ import annotations
 
 import gzip
@@ -52,7 +52,7 @@ def test_not_root_is_told_to_use_sudo():
         "guest-test: the guest runs its tests as root over the host's root filesystem: run with sudo"], r.stderr
 
 
-@pytest.mark.skipif(not kernel.BUSYBOX.exists(), reason="busybox-static not installed (scripts/guest-test.sh installs it)")
+@pytest.mark.skipif(not kernel.BUSYBOX.exists(), reason="busybox-static not installed (scripts/test.sh and scripts/guest-test.sh install it)")
 def test_initramfs_holds_busybox_init_and_the_modules_in_order(tmp_path):
     tree = fake_tree(tmp_path)
     out = kernel.initramfs(tree, tmp_path / "initrd.gz")
