@@ -26,6 +26,10 @@ from netns_testbed.errors import EnvironmentProblem
 
 REPO = Path(__file__).resolve().parent.parent
 SHARE = "/flowpulse-guest"
+# Mounted afresh (tmpfs) in the guest, hiding the host's files below them. Not /tmp: the overlay's upper
+# layer is a tmpfs already, and checkouts live under /tmp (CI's clean clones); TMPDIR points pytest and
+# tempfile at /run/tmp instead of the host's /tmp below the overlay.
+GUEST_TMPFS = ("/run", "/dev/shm")
 GUEST_MODULES = ("veth", "sch_ingress", "cls_bpf", "act_mirred", "sch_netem", "nf_tables", "bridge")
 
 RUN_SH = r"""#!/bin/bash
@@ -37,7 +41,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run && mkdir -p /run/tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 V=$(uname -r)
@@ -49,7 +53,7 @@ done
 modprobe -a %(modules)s
 ip link set lo up
 hostname flowpulse-guest
-export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1
+export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 TMPDIR=/run/tmp
 cd %(repo)s
 mapfile -t args < $R/pytest.args
 set +x
@@ -99,9 +103,20 @@ def qemu_argv(tree: KernelTree, initrd: Path, share: Path, cpus: int, mem_mb: in
             "-virtfs", f"local,path={share},mount_tag=results,security_model=none"]
 
 
+def hidden_in_guest(path: Path) -> str | None:
+    """The guest's fresh mount that hides ``path`` of the host, if one does."""
+    path = Path(os.path.realpath(path))
+    return next((m for m in GUEST_TMPFS if path == Path(m) or Path(m) in path.parents), None)
+
+
 def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3072, timeout_s: float = 1800.0,
         keep: Path | None = None, log=print) -> GuestResult:
     """Boot ``tree``'s kernel, run ``pytest <pytest_args>`` in the project's checkout as root, return what happened."""
+    for what, path in (("the checkout", REPO), ("the guest kernel", tree.root)):
+        where = hidden_in_guest(path)
+        if where:
+            raise EnvironmentProblem(f"{what} {path} is under {where}, which the guest mounts afresh: "
+                                     "move it (or FLOWPULSE_GUEST_CACHE) elsewhere")
     work = Path(tempfile.mkdtemp(prefix="flowpulse-guest-"))
     share = work / "share"
     share.mkdir()

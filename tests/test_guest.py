@@ -89,3 +89,17 @@ def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
     text = vm.RUN_SH % {"share": vm.SHARE, "kdir": "/k", "modules": "veth", "repo": "/r", "python": "/r/.venv/bin/python"}
     assert 'mapfile -t args < $R/pytest.args' in text and '"${args[@]}"' in text
     assert "echo $? > $R/rc" in text
+
+
+def test_the_run_script_hides_nothing_a_checkout_under_tmp_needs():
+    """CI clones into /tmp: the guest must see a checkout there. The script mounts a fresh tmpfs only
+    where GUEST_TMPFS says, and the runner refuses a checkout or kernel that one of them would hide."""
+    text = vm.RUN_SH % {"share": vm.SHARE, "kdir": "/k", "modules": "veth", "repo": "/r", "python": "/r/.venv/bin/python"}
+    fresh = {line.split()[-1] for part in text.splitlines() for line in part.split("&&")
+             if line.split()[:3] == ["mount", "-t", "tmpfs"]}
+    assert fresh <= set(vm.GUEST_TMPFS), fresh
+    assert vm.hidden_in_guest(Path("/tmp/fc1/flowpulse")) is None
+    assert vm.hidden_in_guest(Path("/root/.cache/flowpulse/guest/6.1.0-57-amd64")) is None
+    assert vm.hidden_in_guest(Path("/run/ci/flowpulse")) == "/run"
+    assert vm.hidden_in_guest(Path("/running/flowpulse")) is None
+    assert "TMPDIR=/run/tmp" in text
