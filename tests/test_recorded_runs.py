@@ -16,7 +16,8 @@ from tests.test_detector import tail_rules_off
 
 RUNS = Path(__file__).parent / "data" / "recorded-runs"
 ALL = ["busy-allgather-two-faults", "busy-reduce-scatter-two-faults", "busy-ddp-two-faults",
-       "busy-ddp-retransmission-chain", "ci-ddp-host-tail-stall"]
+       "busy-ddp-retransmission-chain", "ci-ddp-host-tail-stall", "clone-allreduce-host-split-early",
+       "clone-ddp-host-head-alone"]
 HOST_BURSTS = "busy-host-retransmission-bursts"
 SHORT_ITERATIONS = "clone-host-short-iterations"
 
@@ -48,7 +49,8 @@ def test_without_pulse_assembly_stall_split_pulses_break_it(monkeypatch):
 def test_reduce_scatter_needs_pulse_assembly_or_hosts_that_wait_for_fabric_losses(monkeypatch):
     """Its stall-split pulses gave leaf0's h0 a false host alert during the two fabric losses: pulse
     assembly prevents it, and so does not judging host ports while a fabric loss into the leaf shows;
-    so does not judging hosts in short pulses (HOST_SHORT, off for the rest of this test)."""
+    so does not judging hosts in short pulses (HOST_SHORT, off for the rest of this test), and so does
+    a shortfall owed from a pulse in which one host alone got packets (HOST_OWED_ALONE)."""
     import agent.detector.switch as switch
 
     run = "busy-reduce-scatter-two-faults"
@@ -63,6 +65,8 @@ def test_reduce_scatter_needs_pulse_assembly_or_hosts_that_wait_for_fabric_losse
     assert clean(detection(run, DetectorConfig(fragment_share=0.0)))
     monkeypatch.setattr(checks, "EXPOSED_Z", math.inf)
     monkeypatch.setattr(switch, "HOSTS_WAIT_FOR_FABRIC_LOSS", False)
+    assert clean(detection(run, DetectorConfig(fragment_share=0.0)))
+    monkeypatch.setattr(checks, "HOST_OWED_ALONE", False)
     det = detection(run, DetectorConfig(fragment_share=0.0))
     assert det["false_positives"] > 0, det
 
@@ -133,9 +137,12 @@ def test_a_lossy_host_link_among_short_iterations_is_named_and_nothing_else():
 
 @pytest.mark.parametrize("run, off, named", [
     ("ci-ddp-host-tail-stall", ("HOST_REPAYS", "HOST_SHORT"), "leaf3->h6"),
-    (SHORT_ITERATIONS, ("HOST_SHORT",), "leaf3->h7")])
+    (SHORT_ITERATIONS, ("HOST_SHORT",), "leaf3->h7"),
+    ("clone-allreduce-host-split-early", ("HOST_SHORT_AFTER", "HOST_OWED_ALONE"), "leaf0->h1"),
+    ("clone-ddp-host-head-alone", ("HOST_OWED_ALONE",), "leaf1->h3")])
 def test_without_the_tail_rules_an_iteration_tail_raises_a_host_alert(monkeypatch, run, off, named):
-    """Either rule alone stops the CI run's false alert (each pattern is in tests/test_detector.py's TAILS)."""
+    """The rules named, turned off, let the run's false alert through (where two are named, either one
+    alone stops it; each pattern is in tests/test_detector.py's TAILS or HEADS)."""
     tail_rules_off(monkeypatch, off)
     det = detection(run)
     assert [a["candidates"][0] for a in det["false_alerts"]] == [named], det["false_alerts"]
