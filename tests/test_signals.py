@@ -20,7 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-INSIDE_THE_LOCK = r"""
+# The children's common start: a stop event that SIGTERM sets, directly (argv "direct") or the agent's way.
+HANDLER = r"""
 import os, signal, sys, threading
 from agent.daemon import SignalEvent
 if sys.argv[1] == "direct":
@@ -29,6 +30,9 @@ if sys.argv[1] == "direct":
 else:
     stop = SignalEvent()
     signal.signal(signal.SIGTERM, lambda *_: stop.set_from_signal())
+"""
+
+INSIDE_THE_LOCK = HANDLER + r"""
 with stop._cond:                      # the lock Event.wait() holds
     os.kill(os.getpid(), signal.SIGTERM)
     for _ in range(100000):           # the handler runs between two of these bytecodes
@@ -51,15 +55,7 @@ def signal_inside_the_lock(how: str, timeout: float = 10.0) -> str:
         child.wait()
 
 
-CHILD = r"""
-import signal, sys, threading
-from agent.daemon import SignalEvent
-if sys.argv[1] == "direct":
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-else:
-    stop = SignalEvent()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set_from_signal())
+CHILD = HANDLER + r"""
 print("ready", flush=True)
 while True:
     stop.wait(0)
