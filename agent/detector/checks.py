@@ -467,6 +467,13 @@ def busy_hosts(obs: np.ndarray, min_cell_pkts: int) -> np.ndarray:
     return obs >= max(min_cell_pkts, 0.25 * float(obs.max(initial=0.0)))
 
 
+def peer_gap(obs: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per host: the mean of the other hosts in ``among`` (at least two), and its shortfall against
+    that mean (<= 0; 0 for a host outside ``among``)."""
+    others = (obs[among].sum() - obs) / (int(among.sum()) - 1)
+    return others, np.where(among, np.minimum(obs - others, 0.0), 0.0)
+
+
 class HostCheck:
     """Leaves: packets sent to each host against its peer hosts on the same leaf (``leafM->hN``).
 
@@ -556,13 +563,11 @@ class HostCheck:
             # to h2 only, then h3 stood 237 above h2 in the next pulse, confirmed by the one after:
             # a false 4.3% alert). A host outside the job is owed for ever and never judged.
             z = np.zeros(self.shape)
-            nj = int(self.judged.sum())
             owed = np.zeros(self.shape)
-            if nj >= 2 and HOST_REPAYS and HOST_OWED_ALONE:
-                peers = (obs[self.judged].sum() - obs) / (nj - 1)
-                owed = np.where(self.judged, np.minimum(obs - peers, 0.0), 0.0)
+            if int(self.judged.sum()) >= 2 and HOST_REPAYS and HOST_OWED_ALONE:
+                _, owed = peer_gap(obs, self.judged)
             return Samples(z, np.ones(self.shape), z, np.zeros(self.shape, bool), z, obs), owed
-        others = (obs[active].sum() - obs) / (n - 1)
+        others, owed = peer_gap(obs, active)
         # An iteration cut short by a stall (its tail comes in the next pulse) makes the hosts it spares
         # look in surplus: with two hosts a leaf cannot tell "h7 got more" from "h6 got less" (live: h6
         # short by 1,094 packets, then its tail and the next iteration's head misaligned two pulses more;
@@ -579,7 +584,6 @@ class HostCheck:
         # elsewhere): 359 packets to one host arrived 160 ms after its iteration, were judged with the
         # next one, and that host's link raised a false 3.6% alert when its peer's tail did the same
         # two pulses later (the forward confirmation in ``confirmed`` saw a surplus twice).
-        owed = np.where(active, np.minimum(obs - others, 0.0), 0.0)
         # More than HOST_BAND apart is the job, not a silent loss: an iteration that a stall cut in two
         # pulses (live: 4 and 2,190 packets to a leaf's two hosts, then 10,212 and 8,026), a rank that
         # finished first. Such cells are not judged (a host link losing more than 10% is no silent fault).
