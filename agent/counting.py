@@ -5,12 +5,16 @@ count (``bpf/packet.h``) and nothing else: no spraying, no faults, no
 forwarding decision. Every packet continues to whatever the machine does next.
 Source classes come from the site's address prefixes (an LPM trie).
 
-Attached with tc clsact at priority 1 on ingress and egress of each port the
-site lists, ahead of any filter the machine already has (a testbed's switch
-program sits at the kernel's default priority, 49152). :meth:`close` removes
-exactly what it added: its own filters, and the clsact qdisc only if it created
-it and nothing else uses it. Filters a killed agent left behind (known by their
-program names) are removed before attaching.
+Attached on ingress and egress of each port the site lists, ahead of anything
+the machine already runs there (netns_testbed/hooks.py): where the kernel has
+tcx links (6.6+), by a tcx link placed in front of every other tcx program (tcx
+runs before clsact); elsewhere with tc clsact at priority 1, ahead of any filter
+(a testbed's switch program sits at the kernel's default priority, 49152).
+A tcx link lives as long as the agent holds it: a killed agent leaves nothing
+attached. On clsact, :meth:`close` removes exactly what it added: its own
+filters, and the clsact qdisc only if it created it and nothing else uses it;
+filters a killed agent left behind (known by their program names) are removed
+before attaching.
 
 The maps stay in this process (no pinning): the agent that loaded them reads
 them (:class:`CountMaps`), and they go when it exits and its filters are gone.
@@ -19,18 +23,22 @@ from __future__ import annotations
 
 import ctypes as ct
 import logging
+import os
 import socket
 
 from agent.site import Site
 from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
+from netns_testbed import hooks
 from netns_testbed.bpfmaps import PinnedArray
+from netns_testbed.hooks import Hook
 
 log = logging.getLogger("flowpulse.agent.counting")
 SRC = dp.BPF_DIR / "count.c"
 PRIO = 1
 PROGRAMS = ("fp_count_in", "fp_count_out")
 PARENTS = {"fp_count_in": "ffff:fff2", "fp_count_out": "ffff:fff3"}   # clsact ingress, egress
+DIRECTION = {"fp_count_in": "ingress", "fp_count_out": "egress"}
 
 
 def shape(site: Site) -> dp.SwitchShape:
@@ -81,7 +89,9 @@ class CountingProgram:
         self.site = site
         self.bpf = None
         self.ifindexes = ifindexes      # local_ifindexes(site), resolved once by the caller
-        self.attached: list[tuple[int, str]] = []   # (ifindex, parent)
+        self.hook = hooks.choose(None)
+        self.attached: list[tuple[int, str]] = []   # clsact: (ifindex, parent)
+        self.links: list[int] = []                  # tcx: the links' descriptors
         self.own_qdisc: set[int] = set()
 
     def load(self) -> None:
@@ -106,6 +116,14 @@ class CountingProgram:
         return out
 
     def attach(self) -> None:
+        if self.hook is Hook.TCX:
+            for ifx in self.ifindexes:
+                for name in PROGRAMS:
+                    try:
+                        self.links.append(hooks.attach_tcx(self.fns[name].fd, ifx, DIRECTION[name], first=True))
+                    except OSError as e:
+                        raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") from None
+            return
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
@@ -136,6 +154,16 @@ class CountingProgram:
 
     def close(self) -> None:
         """Detach what this program attached (and a clsact it created and nobody else uses)."""
+        for fd in self.links:
+            os.close(fd)
+        self.links.clear()
+        if self.attached or self.own_qdisc:
+            self._detach_clsact()
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    def _detach_clsact(self) -> None:
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
@@ -153,6 +181,3 @@ class CountingProgram:
                     log.debug("clsact on ifindex %d already gone: %s", ifx, e)
         self.attached.clear()
         self.own_qdisc.clear()
-        if self.bpf is not None:
-            self.bpf.cleanup()
-            self.bpf = None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from flowpulse.cli import Formatter, add_common, emit, table
 from flowpulse.errors import SpecError
+from netns_testbed.hooks import Hook
 from netns_testbed.topo import SPRAY_MODE_HELP, SPRAY_MODES, FabricSpec
 
 
@@ -71,6 +72,9 @@ def add_fabric_args(p: argparse.ArgumentParser) -> None:
                    help="leaf<->spine link taken out of spraying and routing (repeatable)")
     p.add_argument("--no-datapath", action="store_true", help="plain kernel ECMP, no eBPF (baseline)")
     p.add_argument("--offloads", action="store_true", help="leave TSO/GSO/GRO on (one skb is then many frames)")
+    p.add_argument("--hook", choices=[str(h) for h in Hook], default=None,
+                   help="how the programs attach to ports: tcx links (kernel 6.6+) or tc clsact; "
+                        "default: tcx where the kernel has it, else clsact")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -88,7 +92,7 @@ def options_from_args(args: argparse.Namespace):
     spec = FabricSpec(leaves=args.leaves, spines=args.spines, hosts_per_leaf=args.hosts_per_leaf, mtu=args.mtu)
     return spec, UpOptions(spray=args.spray, gap_ms=args.gap_ms, weights=weights,
                            out_of_service=args.out_of_service, datapath=not args.no_datapath,
-                           offloads=args.offloads)
+                           offloads=args.offloads, hook=Hook(args.hook) if args.hook else None)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

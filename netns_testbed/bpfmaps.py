@@ -426,3 +426,54 @@ def prog_load(insns: bytes, name: str, license: bytes = b"GPL", prog_type: int =
         except OSError:
             tail = " | ".join(log.value.decode(errors="replace").strip().splitlines()[-3:])
             raise OSError(e.errno, f"loading {name}: {os.strerror(e.errno)}: {tail}") from None
+
+
+# -- tcx links (kernel 6.6+): a program attached to a port's ingress or egress by a BPF link ------------
+BPF_PROG_QUERY = 16
+BPF_LINK_CREATE = 28
+BPF_TCX_INGRESS = 46       # enum bpf_attach_type (6.6+; this file's numbers match the kernel's BTF)
+BPF_TCX_EGRESS = 47
+BPF_F_BEFORE = 1 << 3      # mprog attach flags: with no relative program, in front of every other
+
+
+class _LinkCreateAttr(ct.Structure):    # link_create with its tcx member
+    _fields_ = [("prog_fd", ct.c_uint32), ("target_ifindex", ct.c_uint32), ("attach_type", ct.c_uint32),
+                ("flags", ct.c_uint32), ("relative_fd", ct.c_uint32), ("pad", ct.c_uint32),
+                ("expected_revision", ct.c_uint64)]
+
+
+class _QueryAttr(ct.Structure):         # the query member, up to its revision (6.6+)
+    _fields_ = [("target_ifindex", ct.c_uint32), ("attach_type", ct.c_uint32), ("query_flags", ct.c_uint32),
+                ("attach_flags", ct.c_uint32), ("prog_ids", ct.c_uint64), ("count", ct.c_uint32),
+                ("pad", ct.c_uint32), ("prog_attach_flags", ct.c_uint64), ("link_ids", ct.c_uint64),
+                ("link_attach_flags", ct.c_uint64), ("revision", ct.c_uint64)]
+
+
+def link_create_tcx(prog_fd: int, ifindex: int, attach_type: int, flags: int = 0) -> int:
+    """Attach ``prog_fd`` to ``ifindex`` (in the calling thread's network namespace) with a tcx link;
+    returns the link's descriptor: the program stays attached while it (or a pin of it) lives."""
+    return _bpf(BPF_LINK_CREATE, _LinkCreateAttr(prog_fd=prog_fd, target_ifindex=ifindex,
+                                                 attach_type=attach_type, flags=flags))
+
+
+def tcx_program_ids(ifindex: int, attach_type: int) -> list[int]:
+    """Ids of the programs tcx runs on ``ifindex`` (calling thread's namespace), in the order they run."""
+    ids = (ct.c_uint32 * 64)()
+    attr = _QueryAttr(target_ifindex=ifindex, attach_type=attach_type, prog_ids=ct.addressof(ids), count=64)
+    _bpf(BPF_PROG_QUERY, attr)
+    return list(ids[:attr.count])
+
+
+@lru_cache(maxsize=1)
+def tcx_supported() -> bool:
+    """Whether this kernel attaches tc programs with tcx links: a link to ifindex 0 fails with ENODEV
+    where tcx exists and EINVAL where the attach type is unknown (before 6.6). Nothing is attached."""
+    insns = bytes([0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])     # r0 = 0; exit
+    fd = prog_load(insns, "fp_tcx_probe")
+    try:
+        os.close(link_create_tcx(fd, 0, BPF_TCX_INGRESS))     # (never: ifindex 0 is no device)
+        return True
+    except OSError as e:
+        return e.errno == errno.ENODEV
+    finally:
+        os.close(fd)

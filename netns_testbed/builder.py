@@ -21,22 +21,22 @@ from pyroute2 import netns
 
 from netns_testbed.errors import EnvironmentProblem, SpecError, StateError
 from netns_testbed import datapath as dp
-from netns_testbed import pidfile
-from netns_testbed.nsutil import (NETNS_RUN_DIR, iproute, kill_pids, pids_in_netns, require_root, set_offloads,
+from netns_testbed import hooks, pidfile
+from netns_testbed.bpfmaps import obj_pin
+from netns_testbed.hooks import Hook
+from netns_testbed.nsutil import (NETNS_RUN_DIR, in_netns, iproute, kill_pids, pids_in_netns, require_root, set_offloads,
                                   sysctl)
 from netns_testbed.state import RUN_DIR, Testbed, TestbedState, prefix_lock, remove_prefix_lock, state_dir, write_state
 from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
 
 log = logging.getLogger("flowpulse.testbed")
 OFFLOADS = ("tso", "gso", "gro")
-# How the programs are attached: tc clsact on every kernel (tcx links, 6.6+, are not built: the site
-# agent's counting program must run before the testbed's on a port, and both would have to move together)
-HOOK = "tc clsact"
 
 
 @dataclass
 class UpOptions:
-    """How to build: spray mode, pulse gap, weights, known-bad links, offloads."""
+    """How to build: spray mode, pulse gap, weights, known-bad links, offloads, the programs' hook
+    (None: tcx where the kernel has it, else tc clsact)."""
 
     spray: str = "rrdst"
     gap_ms: float = 50.0
@@ -44,6 +44,7 @@ class UpOptions:
     out_of_service: list[str] | None = None
     datapath: bool = True
     offloads: bool = False
+    hook: Hook | None = None
 
     def validate(self, fabric: Fabric) -> None:
         if self.spray not in SPRAY_MODES:
@@ -89,6 +90,7 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
     if opts.datapath:
         dp.load_bcc()
         dp.check_headers()
+        opts.hook = hooks.choose(opts.hook)
     with prefix_lock(prefix, wait_s=0):
         try:
             return _up_locked(prefix, spec, fabric, opts, progress)
@@ -107,7 +109,8 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
     t0 = time.monotonic()
     state = TestbedState(prefix=prefix, fabric=spec.to_dict(), spray=opts.spray, gap_ms=opts.gap_ms,
                          weights=dict(opts.weights or {}), out_of_service=list(opts.out_of_service or []),
-                         datapath=opts.datapath, status="building", created=time.time())
+                         datapath=opts.datapath, status="building", created=time.time(),
+                         hook=str(opts.hook or Hook.CLSACT))
     try:
         write_state(state)
         say(f"creating {len(fabric.nodes)} namespaces")
@@ -116,7 +119,7 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
         ifindexes = _make_links(prefix, fabric, opts)
         _make_routes(prefix, fabric, Testbed(state).out_of_service, ifindexes)
         if opts.datapath:
-            say(f"compiling and attaching the eBPF datapath on {len(fabric.switches)} switches")
+            say(f"compiling and attaching the eBPF datapath on {len(fabric.switches)} switches ({opts.hook.label})")
             _attach_datapath(prefix, fabric, state, ifindexes)
         state.status = "up"
         write_state(state)
@@ -217,6 +220,7 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
     if r.returncode != 0:
         raise EnvironmentProblem(f"cannot mount bpffs at {bpffs} ({r.stderr.strip()}): the kernel needs CONFIG_BPF_SYSCALL")
     tb = Testbed(state)
+    hook = Hook(state.hook)
     loader = dp.Loader()          # one compile per program shape: the leaves share one, the spines another
     for sw in fabric.switches:
         prog = loader.load(dp.SwitchShape.of(fabric, sw))
@@ -229,12 +233,22 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
                 maps.set_spray(state.weights, tb.out_of_service)
             finally:
                 maps.close()
-            with iproute(namespace(prefix, sw)) as ipr:
-                for idx in ifindexes[sw]:
-                    ipr.tc("add", "clsact", idx)
-                    for fn, parent in (("fp_ingress", "ffff:fff2"), ("fp_egress", "ffff:fff3")):
-                        ipr.tc("add-filter", "bpf", idx, ":1", fd=prog.progs[fn], name=fn,
-                               parent=parent, classid=1, direct_action=True)
+            progs = {"ingress": (prog.progs["fp_ingress"], "fp_ingress"), "egress": (prog.progs["fp_egress"], "fp_egress")}
+            if hook is Hook.TCX:
+                # one link per port and direction, pinned beside the switch's maps: the links live as long
+                # as the bpffs (down unmounts it) or the port (its namespace goes first)
+                with in_netns(namespace(prefix, sw)):
+                    for port, idx in zip(fabric.ports[sw], ifindexes[sw]):
+                        for d, (fd, _) in progs.items():
+                            lfd = hooks.attach_tcx(fd, idx, d)
+                            try:
+                                obj_pin(lfd, str(dp.pin_dir(sdir, sw) / f"link_{port.index}_{d}"))
+                            finally:
+                                os.close(lfd)
+            else:
+                with iproute(namespace(prefix, sw)) as ipr:
+                    for idx in ifindexes[sw]:
+                        hooks.attach_clsact(ipr, idx, progs)
         finally:
             prog.close()
 
@@ -294,7 +308,7 @@ def status(prefix: str) -> dict:
         out.update({"status": tb.state.status, "fabric": tb.state.fabric, "spray": tb.state.spray,
                     "gap_ms": tb.state.gap_ms, "out_of_service": tb.state.out_of_service,
                     "faults": sorted(tb.state.faults), "datapath": tb.state.datapath,
-                    "hook": HOOK, "kernel": os.uname().release,
+                    "hook": Hook(tb.state.hook).label if tb.state.datapath else None, "kernel": os.uname().release,
                     "expected_namespaces": len(tb.fabric.nodes)})
         out["healthy"] = len(names) == len(tb.fabric.nodes)
     except StateError as e:

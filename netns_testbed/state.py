@@ -38,6 +38,7 @@ class TestbedState:
     status: str = "building"
     created: float = 0.0
     faults: dict[str, dict] = field(default_factory=dict)
+    hook: str = "clsact"      # how the switch programs are attached (netns_testbed.hooks.Hook)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -16,11 +16,13 @@ from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from netns_testbed import builder, faults
-from netns_testbed.bpfmaps import loaded_programs
+from netns_testbed import bpfmaps, builder, faults, hooks
+from netns_testbed.bpfmaps import loaded_programs, tcx_supported
+from netns_testbed.errors import EnvironmentProblem
+from netns_testbed.hooks import Hook
 from netns_testbed.counters import port_rows
 from netns_testbed.datapath import KINDS, interface_stats
-from netns_testbed.nsutil import snmp
+from netns_testbed.nsutil import in_netns, iproute, snmp
 from netns_testbed.ping import all_pairs, unreachable_outside
 from netns_testbed.state import RUN_DIR, Testbed
 from netns_testbed.topo import namespace
@@ -322,15 +324,15 @@ def test_out_of_service_uplink_carries_nothing(make_testbed):
 
 
 def attached_program_ids(prefix: str, fabric) -> set[int]:
-    """Ids of the programs tc has attached in this testbed's switch namespaces (other testbeds and
-    test runs on the machine load their own: only these are this testbed's)."""
+    """Ids of the programs attached (tcx or clsact) in this testbed's switch namespaces (other testbeds
+    and test runs on the machine load their own: only these are this testbed's)."""
     ids = set()
     for sw in fabric.switches:
-        for port in fabric.ports[sw]:
-            for hook in ("ingress", "egress"):
-                out = subprocess.run(["tc", "-n", namespace(prefix, sw), "filter", "show", "dev", port.ifname, hook],
-                                     capture_output=True, text=True).stdout
-                ids |= {int(m) for m in re.findall(r" id (\d+) ", out)}
+        ns = namespace(prefix, sw)
+        with iproute(ns) as ipr, in_netns(ns):
+            for port in fabric.ports[sw]:
+                idx = ipr.link_lookup(ifname=port.ifname)[0]
+                ids |= {i for progs in hooks.port_programs(ipr, idx).values() for _, i in progs}
     return ids
 
 
@@ -362,8 +364,26 @@ def test_bpffs_is_root_only(make_testbed):
     assert (os.stat(tb.dir / "bpf").st_mode & 0o777) == 0o700
 
 
-def test_down_is_clean_and_idempotent(make_testbed):
-    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
+@pytest.mark.parametrize("hook", list(Hook), ids=str)
+def test_each_hook_counts_like_the_kernel_and_comes_down_clean(make_testbed, hook):
+    """Both ways of attaching the switch programs (tcx links, and tc clsact where the kernel has no
+    tcx): `fabric status` says which, each port runs exactly fp_ingress and fp_egress on it, the
+    counters equal the kernel's interface statistics, and down removes every program (idempotent)."""
+    if hook is Hook.TCX and not tcx_supported():
+        pytest.skip(f"kernel {os.uname().release} has no tcx links (6.6+); the clsact case runs here")
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1, hook=hook)
+    assert builder.status(tb.prefix)["hook"] == hook.label
+    for sw in tb.fabric.switches:
+        for port in tb.fabric.ports[sw]:
+            names = hooks.port_program_names(namespace(tb.prefix, sw), port.ifname)
+            assert names == {"ingress": [f"{hook}:fp_ingress"], "egress": [f"{hook}:fp_egress"]}, (sw, port.ifname)
+    assert [(r.src, r.dst) for r in all_pairs(tb) if not r.ok] == []
+    settle(0.2)
+    before, kb = stable_snapshot(tb)
+    udp_blast(tb, "h0", "h1", 2000)
+    settle(0.5)
+    after, ka = stable_snapshot(tb)
+    assert assert_counters_equal_kernel(tb, before, kb, after, ka) >= 2 * 12
     ids = attached_program_ids(tb.prefix, tb.fabric)
     progs = loaded_programs()
     assert len(ids) == 2 * 4 and {progs[i] for i in ids} == {"fp_ingress", "fp_egress"}  # 4 switches, in + out
@@ -374,6 +394,17 @@ def test_down_is_clean_and_idempotent(make_testbed):
     while ids & set(loaded_programs()) and time.time() < deadline:
         time.sleep(0.2)
     assert not ids & set(loaded_programs())
+
+
+def test_the_hook_is_tcx_where_the_kernel_has_it(monkeypatch):
+    """No --hook: tcx where the kernel has it, else clsact; --hook tcx on a kernel without it is the
+    environment's problem (exit 3), found before anything is built."""
+    monkeypatch.setattr(bpfmaps, "tcx_supported", lambda: False)
+    assert hooks.choose(None) is Hook.CLSACT and hooks.choose(Hook.CLSACT) is Hook.CLSACT
+    with pytest.raises(EnvironmentProblem, match="no tcx links"):
+        hooks.choose(Hook.TCX)
+    monkeypatch.setattr(bpfmaps, "tcx_supported", lambda: True)
+    assert hooks.choose(None) is Hook.TCX and hooks.choose(Hook.CLSACT) is Hook.CLSACT
 
 
 def test_failed_build_leaves_nothing(monkeypatch):

@@ -19,6 +19,7 @@ import pytest
 from analysis.experiment import FaultScheduler
 from analysis.siteagents import REPO, SiteAgents, flowpulse_argv
 from analysis.spec import parse_scheduled
+from netns_testbed import hooks
 from netns_testbed.topo import namespace
 from workload.launcher import JobSpec, run_job
 
@@ -30,11 +31,9 @@ def flowpulse(*args: str, netns: str | None = None, **kw) -> subprocess.Popen:
 
 
 def counting_filters(prefix: str, switch: str, ifname: str) -> str:
-    out = []
-    for hook in ("ingress", "egress"):
-        out.append(subprocess.run(["tc", "-n", namespace(prefix, switch), "filter", "show", "dev", ifname, hook],
-                                  capture_output=True, text=True).stdout)
-    return "".join(out)
+    """The programs on a port, both directions, in the order they run ("tcx:fp_count_in clsact:...")."""
+    names = hooks.port_program_names(namespace(prefix, switch), ifname)
+    return " ".join(names["ingress"] + names["egress"])
 
 
 def wait_for(path: Path, text: str, timeout: float) -> None:
@@ -62,7 +61,10 @@ def job_with_fault(tb, out: Path, fault: str, iterations: int, size: int):
 def test_site_agents_catch_and_localize_a_one_percent_drop(make_testbed, tmp_path):
     tb = make_testbed()
     with SiteAgents(tb, tmp_path) as agents:
-        assert "fp_count_in" in counting_filters(tb.prefix, "spine1", "leaf2")
+        # the counter runs first on each direction, before the switch's own program
+        names = hooks.port_program_names(namespace(tb.prefix, "spine1"), "leaf2")
+        assert [n.split(":")[1] for n in names["ingress"]] == ["fp_count_in", "fp_ingress"], names
+        assert [n.split(":")[1] for n in names["egress"]] == ["fp_count_out", "fp_egress"], names
         # 60 iterations of fault: spine1's verdict on a 1% loss needs a median of 8-12 pulses here and
         # more than 25 in 2-10% of runs (test_incidents.py::test_verdict_time_and_wrong_link_rate_at_one_sd_per_pulse;
         # live, 1 of 11 runs had not decided after 26)
