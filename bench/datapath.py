@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Datapath cost and testbed footprint (root).
 
-1. Forwarding through the fabric, four testbeds side by side in one run,
+1. Forwarding through the fabric, testbeds side by side in one run,
    measured alternately: FlowPulse programs attached with spraying (rrdst) +
    counting + a rate-0 fault on the path (every stage runs); the programs
    attached with spraying off (kernel ECMP picks the uplink); an empty program
-   (bench/noop.c) on every port, i.e. the cost of the tc hooks alone; plain
-   kernel ECMP with no BPF. TCP goodput (iperf3, 1 and 4 streams) and small-packet UDP rate
-   (64-byte datagrams), as ratios to plain ECMP (target >= 0.9). Spraying also
+   (bench/noop.c) on every port, i.e. the cost of the hooks alone; plain
+   kernel ECMP with no BPF. Where the kernel has tcx links (6.6+), the
+   FlowPulse and the empty-program rows are measured with each hook, tcx and
+   tc clsact. TCP goodput (iperf3, 1 and 4 streams) and small-packet UDP rate
+   (64-byte datagrams), as ratios to plain ECMP (targets: 0.95 TCP, 0.90 UDP). Spraying also
    costs TCP some goodput through reordering, which the middle row separates.
 2. `up`/`down` wall time and memory (MemAvailable drop, builder peak RSS) for the
    default fabric and larger ones.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -27,8 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from netns_testbed import builder, faults  # noqa: E402
-from netns_testbed.nsutil import netns_argv  # noqa: E402
+from netns_testbed import builder, faults, hooks  # noqa: E402
+from netns_testbed.bpfmaps import tcx_supported  # noqa: E402
+from netns_testbed.hooks import Hook  # noqa: E402
+from netns_testbed.nsutil import in_netns, iproute, netns_argv  # noqa: E402
 from netns_testbed.topo import FabricSpec  # noqa: E402
 
 
@@ -61,24 +66,25 @@ def _used_kib() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
-def attach_noop(tb) -> None:
-    """The empty program on both hooks of every switch port (the hooks' own cost)."""
-    from pyroute2 import IPRoute
-
+def attach_noop(tb, hook: Hook) -> list[int]:
+    """The empty program on both directions of every switch port (the hooks' own cost); returns the
+    tcx links' descriptors (held until the testbed goes)."""
     from netns_testbed.datapath import load_bcc
 
     BPF = load_bcc()
     b = BPF(src_file=str(Path(__file__).with_name("noop.c")).encode())
     fn = b.load_func(b"noop", BPF.SCHED_CLS)
+    links = []
     for sw in tb.fabric.switches:
-        with IPRoute(netns=tb.ns(sw)) as ipr:
+        with iproute(tb.ns(sw)) as ipr, in_netns(tb.ns(sw)):
             for port in tb.fabric.ports[sw]:
                 idx = ipr.link_lookup(ifname=port.ifname)[0]
-                ipr.tc("add", "clsact", idx)
-                for parent in ("ffff:fff2", "ffff:fff3"):
-                    ipr.tc("add-filter", "bpf", idx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
-                           direct_action=True)
+                if hook is Hook.TCX:
+                    links += [hooks.attach_tcx(fn.fd, idx, d) for d in hooks.DIRECTIONS]
+                else:
+                    hooks.attach_clsact(ipr, idx, {d: (fn.fd, fn.name) for d in hooks.DIRECTIONS})
     b.cleanup()
+    return links
 
 
 def footprint(shape: str) -> dict:
@@ -108,18 +114,28 @@ def main() -> int:
                    help="fabrics for the up/down footprint (none: skip it)")
     a = p.parse_args()
     shape = FabricSpec(leaves=2, spines=4, hosts_per_leaf=1)
-    names = {"fpbspray": "spray+count+fault", "fpbcount": "count+fault only", "fpbnoop": "empty tc program",
-             "fpboff": "kernel ECMP, no BPF"}
+    kinds = [Hook.TCX, Hook.CLSACT] if tcx_supported() else [Hook.CLSACT]
+    names, opts = {}, {}     # prefix -> row label, build options
+    for h in kinds:
+        names[f"fpbs{h.value[0]}"] = f"spray+count+fault, {h.label}"
+        opts[f"fpbs{h.value[0]}"] = builder.UpOptions(hook=h)
+    names["fpbcount"] = f"count+fault only, {kinds[0].label}"
+    opts["fpbcount"] = builder.UpOptions(hook=kinds[0])
+    for h in kinds:
+        names[f"fpbn{h.value[0]}"] = f"empty program, {h.label}"
+        opts[f"fpbn{h.value[0]}"] = builder.UpOptions(datapath=False)
+    names["fpboff"] = "kernel ECMP, no BPF"
+    opts["fpboff"] = builder.UpOptions(datapath=False)
     for pre in names:
         builder.down(pre)
-    beds = {"fpbspray": builder.up("fpbspray", shape),
-            "fpbcount": builder.up("fpbcount", shape),
-            "fpbnoop": builder.up("fpbnoop", shape, builder.UpOptions(datapath=False)),
-            "fpboff": builder.up("fpboff", shape, builder.UpOptions(datapath=False))}
+    beds = {pre: builder.up(pre, shape, opts[pre]) for pre in names}
+    links: list[int] = []
     try:
-        for pre in ("fpbspray", "fpbcount"):  # a rate-0 fault on the path: the fault stage runs too
-            faults.apply(beds[pre], faults.parse_fault(beds[pre].fabric, "leaf0->spine1:drop=0"))
-        attach_noop(beds["fpbnoop"])
+        for pre in names:    # a rate-0 fault on the path: the fault stage runs too
+            if pre.startswith(("fpbs", "fpbcount")):
+                faults.apply(beds[pre], faults.parse_fault(beds[pre].fabric, "leaf0->spine1:drop=0"))
+        for h in kinds:
+            links += attach_noop(beds[f"fpbn{h.value[0]}"], h)
         for leaf in beds["fpbcount"].fabric.leaves:  # programs attached, spraying off: kernel ECMP picks
             m = beds["fpbcount"].maps(leaf)
             m.set_config("off", beds["fpbcount"].state.gap_ms)
@@ -129,15 +145,17 @@ def main() -> int:
             for pre, tb in beds.items():
                 res[pre].append(measure(tb, a.seconds))
     finally:
+        for fd in links:
+            os.close(fd)
         for pre in names:
             builder.down(pre)
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in res.items()}
     base = med["fpboff"]
     print(f"median of {a.reps} runs of {a.seconds:g} s, h0 (leaf0) -> h1 (leaf1) over 4 spines; ratio = / kernel ECMP")
-    print(f"{'datapath':22} {'TCP 1 flow Gb/s':>16} {'TCP 4 flows Gb/s':>17} {'UDP 64 B kpps':>14}")
+    print(f"{'datapath':32} {'TCP 1 flow Gb/s':>16} {'TCP 4 flows Gb/s':>17} {'UDP 64 B kpps':>14}")
     for pre, label in names.items():
         m = med[pre]
-        print(f"{label:22} {m['tcp1_gbps']:>8.2f} ({m['tcp1_gbps'] / base['tcp1_gbps']:.2f}) "
+        print(f"{label:32} {m['tcp1_gbps']:>8.2f} ({m['tcp1_gbps'] / base['tcp1_gbps']:.2f}) "
               f"{m['tcp4_gbps']:>9.2f} ({m['tcp4_gbps'] / base['tcp4_gbps']:.2f}) "
               f"{m['udp64_kpps']:>7.1f} ({m['udp64_kpps'] / base['udp64_kpps']:.2f})")
     if not a.shapes:
