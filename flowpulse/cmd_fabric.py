@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          epilog="examples:\n  sudo flowpulse fabric up\n"
                                 "  sudo flowpulse fabric up --prefix t2 --leaves 2 --spines 3 --hosts-per-leaf 1\n"
                                 "  sudo flowpulse fabric up --spray random --out-of-service 'leaf0<->spine1'\n"
+                                "  sudo flowpulse fabric up --leaves 16 --spines 16 --hook clsact   # builds faster, runs slower\n"
                                 "spray modes:\n" + "\n".join(f"  {k:7s} {v}" for k, v in SPRAY_MODE_HELP.items()))
     add_fabric_args(up)
     add_common(up)
