@@ -431,7 +431,7 @@ def prog_load(insns: bytes, name: str, license: bytes = b"GPL", prog_type: int =
 # -- tcx links (kernel 6.6+): a program attached to a port's ingress or egress by a BPF link ------------
 BPF_PROG_QUERY = 16
 BPF_LINK_CREATE = 28
-BPF_TCX_INGRESS = 46       # enum bpf_attach_type (6.6+; this file's numbers match the kernel's BTF)
+BPF_TCX_INGRESS = 46       # enum bpf_attach_type, 6.6+ UAPI (tests/test_fabric.py attaches and queries with them)
 BPF_TCX_EGRESS = 47
 BPF_F_BEFORE = 1 << 3      # mprog attach flags: with no relative program, in front of every other
 

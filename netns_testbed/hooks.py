@@ -56,14 +56,14 @@ def attach_tcx(prog_fd: int, ifindex: int, direction: str, first: bool = False) 
                                    bpfmaps.BPF_F_BEFORE if first else 0)
 
 
-def attach_clsact(ipr, ifindex: int, progs: dict[str, tuple[int, str]], prio: int | None = None) -> None:
+def attach_clsact(ipr, ifindex: int, progs: dict[str, tuple[int, str]]) -> None:
     """A clsact qdisc on ``ifindex`` (pyroute2 IPRoute ``ipr`` of its namespace) and a direct-action
-    bpf filter per direction of ``progs`` ({direction: (fd, name)})."""
+    bpf filter per direction of ``progs`` ({direction: (fd, name)}). (The site agent's counter shares
+    a clsact the machine may have and picks its priority: agent/counting.py.)"""
     ipr.tc("add", "clsact", ifindex)
     for direction, (fd, name) in progs.items():
-        extra = {} if prio is None else {"prio": prio}
         ipr.tc("add-filter", "bpf", ifindex, ":1", fd=fd, name=name, parent=CLSACT_PARENT[direction], classid=1,
-               direct_action=True, **extra)
+               direct_action=True)
 
 
 TCA_BPF_ID = 11     # include/uapi/linux/pkt_cls.h: the filter's program id (pyroute2 leaves it undecoded)
