@@ -122,6 +122,33 @@ def test_settle_waits_and_decides_both_ways():
     assert settle(LinkEvidence("l", "o", 0.0, 0.01, 1, True), 0.01, 0.001)[0] is Verdict.UPSTREAM
 
 
+def test_a_few_lost_packets_of_a_small_cell_do_not_prove_the_upstream_link_intact():
+    """Live (a fresh clone, site agents, a 1% drop on leaf2->spine1): leaf3 saw 4 packets missing of a
+    100-packet cell through spine1 and alarmed at 4.2%; spine1's own estimate of leaf2->spine1 over two
+    pulses was 0.29% +- 0.47%, and with the leaf's interval counting only the split's noise (+- 0.65%)
+    the verdict settled "intact": the incident named spine1->leaf3, a healthy link. A loss takes a
+    binomial count of packets, so the leaf's rate is 4.2% +- 2.1% and the two are not at odds: the
+    verdict waits, and goes upstream once spine1's estimate stands clear of zero (the same run's leaf1
+    alert, with a tighter reading of its own, settled upstream at spine1's 7th pulse, 1.03% +- 0.30%)."""
+    from agent.detector.evidence import CusumBank
+
+    bank = CusumBank((0.01, 0.02, 0.05), (1,))
+    s, v = np.array([99.9]), np.array([0.00648 ** 2 * 99.9 ** 2])     # the alert's cell: s and the null variance
+    bank.update(np.array([4.25]), v, s, np.array([True]), 1, 1.0, 10.0)
+    rate, (lo, hi), *_ = bank.estimate((0,))
+    sd = (hi - rate) / 1.96
+    assert rate == pytest.approx(0.0425, abs=1e-3) and sd == pytest.approx(0.0216, abs=1e-3), (rate, sd)
+    owner = LinkEvidence("leaf2->spine1", "spine1", 0.002929, 0.004692, 2, False)
+    assert settle(owner, rate, sd)[0] is Verdict.UNDECIDED
+    assert settle(owner, rate, 0.00648)[0] is Verdict.DOWNSTREAM          # the split's noise alone: wrong link
+    assert settle(LinkEvidence("leaf2->spine1", "spine1", 0.010, 0.002, 14, False), rate, sd)[0] is Verdict.UPSTREAM
+    # a cell of thousands of packets keeps a tight interval: 2% of 5,000 reads 2% +- 0.2%
+    big = CusumBank((0.01, 0.02, 0.05), (1,))
+    big.update(np.array([100.0]), np.array([4.0]), np.array([5000.0]), np.array([True]), 1, 1.0, 10.0)
+    rate, (lo, hi), *_ = big.estimate((0,))
+    assert (hi - rate) / 1.96 == pytest.approx(math.sqrt(4.0 + 100.0) / 5000, rel=1e-6)
+
+
 def verdict_pulses(rng, owner_rate: float, owner_sd: float, leaf_rate: float, horizon: int,
                    held_back: float = 0.0, before: int = 0) -> tuple[int | None, Verdict]:
     """Pulses until the owner's evidence settles a leaf's alert, per-pulse owner estimates ~ N(owner_rate,
