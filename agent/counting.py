@@ -37,8 +37,8 @@ log = logging.getLogger("flowpulse.agent.counting")
 SRC = dp.BPF_DIR / "count.c"
 PRIO = 1
 PROGRAMS = ("fp_count_in", "fp_count_out")
-PARENTS = {"fp_count_in": "ffff:fff2", "fp_count_out": "ffff:fff3"}   # clsact ingress, egress
 DIRECTION = {"fp_count_in": "ingress", "fp_count_out": "egress"}
+PARENTS = {name: hooks.CLSACT_PARENT[d] for name, d in DIRECTION.items()}   # clsact ingress, egress
 
 
 def shape(site: Site) -> dp.SwitchShape:
