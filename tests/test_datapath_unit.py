@@ -211,6 +211,24 @@ def test_a_dsack_is_counted_on_its_port_and_a_plain_sack_is_not(leaf):
     assert dups.sum() == 1 + 1448
 
 
+def test_a_dsack_behind_timestamps_is_counted_and_timestamps_alone_are_not(leaf):
+    """Linux puts timestamps first (NOP NOP TS, 12 bytes); the program skips the option walk for a
+    segment with exactly those options (most of a bulk transfer's segments: bench/program_cost.py
+    times it), and walks the rest."""
+    leaf.reset()
+    ack = 1_000_000
+    ts = [("NOP", None), ("NOP", None), ("Timestamp", (7, 9))]
+    behind_ts = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
+        *ts, ("NOP", None), ("NOP", None), ("SAck", (ack - 2896, ack - 1448))])
+    ts_only = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=ts)
+    assert bytes(ts_only[TCP])[12] >> 4 == 8                 # the fast path's shape: 12 bytes of options
+    leaf.run("egress", 1, behind_ts)
+    leaf.run("egress", 1, ts_only, repeat=5)
+    dups = leaf.maps.read_pulse(0).dups
+    assert dups[1, dp.DIRS.index("out")].tolist() == [1, 1448]
+    assert leaf.count(1, "out", class_of(H0), "tcp_ctrl")[0] == 6
+
+
 # -- spraying ---------------------------------------------------------------------------------
 
 def choices(prog: Program, frames) -> list[int]:

@@ -152,7 +152,10 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
             u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
             pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
             pi->ports = ((u32)th->source << 16) | th->dest;
-            if (th->doff > 5) {
+            u8 *opt = (u8 *)(th + 1);
+            if (th->doff > 5 && !(th->doff == 8 && (void *)(opt + 4) <= data_end && opt[0] == 1 && opt[1] == 1 &&
+                                  opt[2] == 8 && opt[3] == 10)) {
+                // not the segment Linux sends but for a SACK (NOP NOP timestamps, nothing else): look
                 u32 tcp_off = sizeof(*eth) + sizeof(*iph);   // a 20-byte IPv4 header (checked above)
                 pi->dsack = dsack_bytes(skb, tcp_off + sizeof(*th), tcp_off + th->doff * 4, bpf_ntohl(th->ack_seq));
             }

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""What the switch program costs per packet, measured in the kernel without a fabric (root).
+
+The program (bpf/switch.c, compiled as the testbed compiles it, for a leaf and a spine of the
+datapath bench's 2x4x1 fabric) runs on crafted frames with BPF_PROG_TEST_RUN, many times on one
+buffer; the kernel times the runs itself. An empty program (bench/noop.c) run the same way gives the
+test harness's own cost, subtracted. The maps are set as `fabric up` sets them, with rrdst spraying
+and a rate-0 fault on the leaf's uplink 1 (every stage runs, as in bench/datapath.py's first row).
+
+Each row is one program run; "path" is what one packet from h0 to h1 costs in programs: leaf0 in
+and out, a spine in and out, leaf1 in and out. With --against REV the program of that git revision
+(its netns_testbed/bpf/) is measured beside the working tree's, alternated round by round, so that
+one change of the C source is judged by numbers from the same minutes. This is the precise side of
+bench/datapath.py, whose throughput rows also carry the hooks' cost and the machine's noise.
+
+    sudo .venv/bin/python bench/program_cost.py [--rounds 7] [--repeat 200000] [--against HEAD~1]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scapy.layers.inet import IP, TCP, UDP      # noqa: E402
+from scapy.layers.l2 import Ether               # noqa: E402
+from scapy.packet import Raw                    # noqa: E402
+
+from netns_testbed import datapath as dp, faults  # noqa: E402
+from netns_testbed.bpfmaps import PinnedHash, prog_test_time  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
+
+FABRIC = Fabric(FabricSpec(leaves=2, spines=4, hosts_per_leaf=1))
+H0, H1 = FABRIC.host_ip("h0"), FABRIC.host_ip("h1")
+TS = [("NOP", None), ("NOP", None), ("Timestamp", (123456, 654321))]
+FRAMES = {   # what a TCP bulk transfer and the UDP bench send, as Linux sends them
+    "TCP data 1448 B": Ether() / IP(src=H0, dst=H1) / TCP(sport=40000, dport=5201, flags="PA", options=TS)
+    / Raw(b"x" * 1448),
+    "TCP ACK": Ether() / IP(src=H1, dst=H0) / TCP(sport=5201, dport=40000, flags="A", options=TS),
+    "UDP 64 B": Ether() / IP(src=H0, dst=H1) / UDP(sport=40000, dport=5201) / Raw(b"x" * 36),
+}
+# (switch, hook, port): h0 -> h1 crosses leaf0 (in from h0, out to spine1), spine1 (in from leaf0,
+# out to leaf1), leaf1 (in from spine1, out to h1)
+PATH = [("leaf0", "ingress", FABRIC.port_to("leaf0", "h0").index),
+        ("leaf0", "egress", FABRIC.port_to("leaf0", "spine1").index),
+        ("spine1", "ingress", FABRIC.port_to("spine1", "leaf0").index),
+        ("spine1", "egress", FABRIC.port_to("spine1", "leaf1").index),
+        ("leaf1", "ingress", FABRIC.port_to("leaf1", "spine1").index),
+        ("leaf1", "egress", FABRIC.port_to("leaf1", "h1").index)]
+
+
+class Variant:
+    """One source of the switch program, compiled for the path's three switches, maps set up."""
+
+    def __init__(self, label: str, bpf_dir: Path) -> None:
+        self.label = label
+        self.switches = {}
+        for sw in ("leaf0", "spine1", "leaf1"):
+            shape = dp.SwitchShape.of(FABRIC, sw)
+            text = re.sub(r"^// FLOWPULSE_SPLICE\(([\w.]+)\).*$",
+                          lambda m: (bpf_dir / m.group(1)).read_text(), (bpf_dir / "switch.c").read_text(),
+                          flags=re.M) + "\n" + dp.contract_asserts(shape)
+            cflags = [f"-I{bpf_dir}", *shape.cflags()[1:]]
+            b, fns = dp.compile_program(text, cflags, dp.SWITCH_FUNCTIONS)
+            maps = dp.SwitchMaps.of_program(FABRIC, sw, _Prog(b))
+            maps.set_ports([100 + i for i in range(maps.nports)])
+            maps.set_config("rrdst", 1000.0)
+            maps.set_spray({}, [])
+            if sw == "leaf0":
+                spec = faults.parse_fault(FABRIC, "leaf0->spine1:drop=0")
+                site = FABRIC.fault_site(spec.link)
+                maps.set_fault(site.port, site.hook, faults.kernel_record(spec))
+            self.switches[sw] = (b, fns, maps)
+
+    def run(self, sw: str, hook: str, port: int, frame: bytes, repeat: int) -> float:
+        b, fns, maps = self.switches[sw]
+        ifport = PinnedHash("", fd=b[b"ifindex_port"].map_fd)
+        ifport.set(1, port)      # the test run's device, the loopback, is this port
+        return prog_test_run_ns(fns[f"fp_{hook}"].fd, frame, repeat)
+
+
+class _Prog:
+    """The bits of dp.SwitchProgram that SwitchMaps.of_program reads, from a BCC object."""
+
+    def __init__(self, b) -> None:
+        self.b = b
+
+    def map_fd(self, name: str) -> int:
+        return self.b[name.encode()].map_fd
+
+
+def prog_test_run_ns(fd: int, frame: bytes, repeat: int) -> float:
+    """Mean kernel time of one run (ns), as BPF_PROG_TEST_RUN measures it."""
+    return float(prog_test_time(fd, frame, repeat))
+
+
+def checkout_bpf(rev: str, into: Path) -> Path:
+    """netns_testbed/bpf/ of git revision ``rev``, written under ``into``."""
+    root = Path(__file__).resolve().parent.parent
+    tar = subprocess.run(["git", "-C", str(root), "archive", rev, "netns_testbed/bpf"], capture_output=True)
+    if tar.returncode:
+        sys.exit(f"program_cost: git archive {rev} failed: {tar.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar.stdout, check=True)
+    return into / "netns_testbed" / "bpf"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=7, help="rounds, each timing every row once (median shown)")
+    p.add_argument("--repeat", type=int, default=200000, help="runs per timing")
+    p.add_argument("--against", metavar="REV", help="also measure the program of this git revision")
+    a = p.parse_args()
+    if a.rounds < 1 or a.repeat < 1:
+        print("program_cost: --rounds and --repeat must be at least 1", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = [Variant("working tree", dp.BPF_DIR)]
+        if a.against:
+            variants.append(Variant(a.against, checkout_bpf(a.against, Path(tmp))))
+    from netns_testbed.datapath import load_bcc
+    BPF = load_bcc()
+    noop = BPF(src_file=str(Path(__file__).with_name("noop.c")).encode())
+    noop_fd = noop.load_func(b"noop", BPF.SCHED_CLS).fd
+    rows = [(fname, sw, hook, port) for fname in FRAMES for sw, hook, port in PATH]
+    times: dict = {}
+    for r in range(a.rounds):
+        print(f"program_cost: round {r + 1} of {a.rounds}", file=sys.stderr)
+        for fname, frame in FRAMES.items():
+            raw = bytes(frame)
+            times.setdefault(("noop", fname), []).append(prog_test_run_ns(noop_fd, raw, a.repeat))
+            for v in variants:
+                for sw, hook, port in PATH:
+                    times.setdefault((v.label, fname, sw, hook), []).append(v.run(sw, hook, port, raw, a.repeat))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    harness = ", ".join(f"{f}: {med['noop', f]:.0f} ns" for f in FRAMES)
+    print(f"ns per program run, median of {a.rounds} rounds of {a.repeat} runs, the empty program's time "
+          f"subtracted ({harness})")
+    head = f"{'frame':16} {'switch':7} {'hook':8}" + "".join(f" {v.label:>14}" for v in variants)
+    print(head)
+    for fname, sw, hook, port in rows:
+        print(f"{fname:16} {sw:7} {hook:8}" + "".join(
+            f" {med[v.label, fname, sw, hook] - med['noop', fname]:>14.1f}" for v in variants))
+    for fname in FRAMES:
+        print(f"{fname:16} {'path':7} {'(6 runs)':8}" + "".join(
+            f" {sum(med[v.label, fname, sw, hook] - med['noop', fname] for sw, hook, _ in PATH):>14.1f}"
+            for v in variants))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
