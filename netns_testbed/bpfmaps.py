@@ -40,7 +40,6 @@ def _sys_bpf() -> int:
 
 BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
-BPF_MAP_DELETE_ELEM = 3
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_MAP_LOOKUP_BATCH = 24
@@ -236,28 +235,6 @@ def _dtype(value_type: type) -> np.dtype:
         offsets.append(f.offset)
     dt = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": ct.sizeof(value_type)})
     return dt
-
-
-class PinnedHash:
-    """A pinned BPF hash map with u32 keys and u32 values (ifindex -> port)."""
-
-    def __init__(self, path: str, fd: int | None = None) -> None:
-        if fd is not None:
-            self.fd = os.dup(fd)
-            return
-        p = ct.create_string_buffer(path.encode())
-        self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
-
-    def set(self, key: int, value: int) -> None:
-        k, v = ct.c_uint32(key), ct.c_uint32(value)
-        _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(k), value=ct.addressof(v)))
-
-    def delete(self, key: int) -> None:
-        k = ct.c_uint32(key)
-        _bpf(BPF_MAP_DELETE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(k)))
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 BPF_PROG_GET_NEXT_ID = 11

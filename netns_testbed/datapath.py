@@ -29,7 +29,7 @@ import numpy as np
 
 from netns_testbed import bpfcache
 from netns_testbed.errors import EnvironmentProblem
-from netns_testbed.bpfmaps import (MapSpec, PinnedArray, PinnedHash, map_create, map_fds_in, map_spec, obj_pin,
+from netns_testbed.bpfmaps import (MapSpec, PinnedArray, map_create, map_fds_in, map_spec, obj_pin,
                                    patch_map_fds, prog_load)
 from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.nsutil import iproute
@@ -43,6 +43,7 @@ NKIND = len(KINDS)
 DIRS = ("in", "out")
 SPRAY_CODES = {"off": 0, "random": 1, "rr": 2, "rrdst": 3}
 SPRAY_SLOTS = 256
+IFINDEX_SLOTS = 1024      # a port's interface index in its namespace is below this (switch.h)
 FAULT_NONE, FAULT_DROP, FAULT_CORRUPT = 0, 1, 2
 PROB_ONE = 1 << 32
 FLOW_ALL = 0xFFFFFFFF
@@ -118,7 +119,7 @@ C_CONSTANTS: dict[str, int] = {
     "FP_KIND_OTHER": KINDS.index("other_ip"), "FP_KIND_NONIP": KINDS.index("non_ip"),
     "FP_KIND_BADHDR": KINDS.index("bad_hdr"), "FP_NKIND": NKIND,
     "FP_SPRAY_OFF": SPRAY_CODES["off"], "FP_SPRAY_RANDOM": SPRAY_CODES["random"], "FP_SPRAY_RR": SPRAY_CODES["rr"],
-    "FP_SPRAY_RRDST": SPRAY_CODES["rrdst"], "FP_SPRAY_SLOTS": SPRAY_SLOTS,
+    "FP_SPRAY_RRDST": SPRAY_CODES["rrdst"], "FP_SPRAY_SLOTS": SPRAY_SLOTS, "FP_IFINDEX_SLOTS": IFINDEX_SLOTS,
     "FP_FAULT_NONE": FAULT_NONE, "FP_FAULT_DROP": FAULT_DROP, "FP_FAULT_CORRUPT": FAULT_CORRUPT,
     "FP_PROB_ONE": PROB_ONE, "FP_ALL": FLOW_ALL,
     "FP_PULSE_TIME_BITS": PULSE_TIME_BITS, "FP_PULSE_UNIT_SHIFT": PULSE_UNIT_SHIFT,
@@ -181,6 +182,7 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
     """Value type, size and per-CPU flag of each pinned array (mirrors switch.c)."""
     return {
         **counter_map_entries(shape),
+        "ifindex_port": (U32, IFINDEX_SLOTS, False),
         "port_ifindex": (U32, shape.nports, False),
         "config": (Config, 1, False),
         "spray": (Spray, shape.nleaves, False),
@@ -538,8 +540,6 @@ class SwitchMaps(CounterMaps):
         d = self.pins = pin_dir(state_dir, switch)
         self.maps = {name: PinnedArray(str(d / name), t, n, pc, readonly=readonly)
                      for name, (t, n, pc) in map_entries(self.shape).items()}
-        self._ifport_path = str(d / "ifindex_port")
-        self._ifport_fd: int | None = None
 
     @classmethod
     def of_program(cls, fabric: Fabric, switch: str, prog: SwitchProgram) -> "SwitchMaps":
@@ -552,8 +552,6 @@ class SwitchMaps(CounterMaps):
         self.pins = None
         self.maps = {name: PinnedArray(name, t, n, pc, fd=prog.map_fd(name))
                      for name, (t, n, pc) in map_entries(self.shape).items()}
-        self._ifport_path = ""
-        self._ifport_fd = prog.map_fd("ifindex_port")
         return self
 
     def identity(self) -> tuple[int, int]:
@@ -563,13 +561,15 @@ class SwitchMaps(CounterMaps):
 
     # -- set-up (loader) ----------------------------------------------------
     def set_ports(self, ifindexes: list[int]) -> None:
-        ifp = PinnedHash(self._ifport_path, fd=self._ifport_fd)
-        try:
-            for port, ifx in enumerate(ifindexes):
-                ifp.set(ifx, port)
-                self.maps["port_ifindex"].set(port, U32(ifx))
-        finally:
-            ifp.close()
+        """Tell the program which interface is which port (``ifindexes[port]``), both ways."""
+        far = [ifx for ifx in ifindexes if not 0 < ifx < IFINDEX_SLOTS]
+        if far:
+            raise EnvironmentProblem(f"{self.switch}: interface index {far[0]} is outside the datapath's port table "
+                                     f"(1..{IFINDEX_SLOTS - 1}); a switch namespace numbers its own interfaces "
+                                     "from 1, so something else created them: rebuild with `fabric up`")
+        for port, ifx in enumerate(ifindexes):
+            self.maps["ifindex_port"].set(ifx, U32(port + 1))
+            self.maps["port_ifindex"].set(port, U32(ifx))
 
     def set_config(self, mode: str, gap_ms: float) -> None:
         units = max(1, int(round(gap_ms * 1e6 / PULSE_UNIT_NS)))

@@ -24,7 +24,7 @@ from scipy import stats
 
 from netns_testbed import datapath as dp
 from netns_testbed import faults
-from netns_testbed.bpfmaps import PinnedHash, prog_test_run
+from netns_testbed.bpfmaps import prog_test_run
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
 
 pytestmark = pytest.mark.root
@@ -43,7 +43,6 @@ class Program:
         self.switch = switch
         self.prog = (loader or dp.Loader()).load(dp.SwitchShape.of(FABRIC, switch))
         self.maps = dp.SwitchMaps.of_program(FABRIC, switch, self.prog)
-        self.ifport = PinnedHash("", fd=self.prog.map_fd("ifindex_port"))
 
     def reset(self, mode: SprayMode | str = SprayMode.RRDST, gap_ms: float = 1000.0, weights: dict | None = None,
               out_of_service: list[Link] | None = None) -> None:
@@ -57,7 +56,7 @@ class Program:
     def run(self, hook: str, port: int, frame, repeat: int = 1) -> tuple[int, bytes]:
         """Run the ``hook`` program on ``frame`` as if it crossed ``port`` (the test packet's device,
         the loopback, is mapped to that port)."""
-        self.ifport.set(1, port)
+        self.maps.maps["ifindex_port"].set(1, dp.U32(port + 1))
         return prog_test_run(self.prog.progs[f"fp_{hook}"], bytes(frame), repeat)
 
     def counts(self) -> np.ndarray:
@@ -86,7 +85,6 @@ class Program:
 
     def close(self) -> None:
         self.maps.close()
-        self.ifport.close()
         self.prog.close()
 
 
@@ -189,7 +187,7 @@ def test_a_broken_header_checksum_is_a_header_error_on_ingress_only(spine):
 
 def test_packets_from_a_device_that_is_not_a_port_are_left_alone(spine):
     spine.reset()
-    spine.ifport.delete(1)                             # the loopback is no port of the switch
+    spine.maps.maps["ifindex_port"].set(1, dp.U32(0))   # the loopback is no port of the switch
     assert prog_test_run(spine.prog.progs["fp_ingress"], bytes(tcp()))[0] == TC_ACT_UNSPEC
     assert prog_test_run(spine.prog.progs["fp_egress"], bytes(tcp()))[0] == TC_ACT_UNSPEC
     assert spine.counts().sum() == 0 and spine.maps.totals().sum() == 0

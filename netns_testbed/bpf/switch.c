@@ -29,7 +29,7 @@
 static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
-BPF_HASH(ifindex_port, u32, u32, 256);             // this namespace's ifindex -> port
+BPF_ARRAY(ifindex_port, u32, FP_IFINDEX_SLOTS);    // this namespace's ifindex -> port + 1 (switch.h)
 BPF_ARRAY(port_ifindex, u32, NPORTS);              // port -> ifindex (redirect target)
 BPF_ARRAY(config, struct fp_config, 1);
 BPF_ARRAY(spray, struct fp_spray, NLEAVES);        // per destination leaf
@@ -109,16 +109,21 @@ static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook
     return 1;
 }
 
-static __always_inline u32 *lookup_port(struct __sk_buff *skb) {
+// The switch port a packet crosses, or -1 for an interface that is no port: an array indexed by
+// the interface index (inlined by the verifier: no hashing on the per-packet path).
+static __always_inline int lookup_port(struct __sk_buff *skb) {
     u32 ifindex = skb->ifindex;
-    return ifindex_port.lookup(&ifindex);
+    u32 *p = ifindex_port.lookup(&ifindex);
+    if (!p || *p == 0 || *p > NPORTS)
+        return -1;
+    return *p - 1;
 }
 
 int fp_ingress(struct __sk_buff *skb) {
-    u32 *portp = lookup_port(skb);
-    if (!portp)
+    int found = lookup_port(skb);
+    if (found < 0)
         return TC_ACT_UNSPEC;
-    u32 port = *portp;
+    u32 port = found;
     int k0 = 0;
     struct fp_config *cfg = config.lookup(&k0);
     if (!cfg)
@@ -164,10 +169,10 @@ int fp_ingress(struct __sk_buff *skb) {
 }
 
 int fp_egress(struct __sk_buff *skb) {
-    u32 *portp = lookup_port(skb);
-    if (!portp)
+    int found = lookup_port(skb);
+    if (found < 0)
         return TC_ACT_UNSPEC;
-    u32 port = *portp;
+    u32 port = found;
     u64 now = bpf_ktime_get_ns();
     struct pkt_info pi = {};
     classify(skb, &pi, 0);

@@ -23,6 +23,9 @@
 #define FP_SPRAY_RR 2
 #define FP_SPRAY_RRDST 3
 #define FP_SPRAY_SLOTS 256
+// ifindex_port is indexed by the port's interface index in the switch's namespace (the namespace
+// numbers its own interfaces from 1, lo first): value port + 1, 0 for an interface that is no port.
+#define FP_IFINDEX_SLOTS 1024
 
 #define FP_FAULT_NONE 0
 #define FP_FAULT_DROP 1
