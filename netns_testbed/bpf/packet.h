@@ -209,9 +209,8 @@ static __always_inline void ring_count(struct fp_count *c, u32 id, u32 kind) {
         for (int k = 0; k < FP_NKIND; k++)
             c->pkts[k] = 0;
     }
-#pragma unroll
-    for (int k = 0; k < FP_NKIND; k++)
-        c->pkts[k] += kind == k;
+    if (kind < FP_NKIND)
+        c->pkts[kind] += 1;
 }
 
 static __always_inline void ring_dup(struct fp_dup *d, u64 id, u32 bytes) {

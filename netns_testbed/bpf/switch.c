@@ -66,7 +66,7 @@ static __always_inline u32 flow_hash(struct pkt_info *pi) {
 }
 
 // Returns 1 if the packet must be dropped.
-static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook, struct pkt_info *pi, u64 now) {
+static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook, struct pkt_info *pi) {
     u32 idx = port * 2 + hook;
     struct fp_fault *f = faults.lookup(&idx);
     if (!f || f->kind == FP_FAULT_NONE)
@@ -80,14 +80,14 @@ static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook
     }
     if (st)
         st->matched += 1;  // packets on the link matching the fault's endpoints
-    if (f->period_ns) {  // flapping: active for on_ns of every period_ns
-        if (((now - f->t0_ns) % f->period_ns) >= f->on_ns)
+    if (f->period_ns) {  // flapping: active for on_ns of every period_ns (the clock read only here)
+        if (((bpf_ktime_get_ns() - f->t0_ns) % f->period_ns) >= f->on_ns)
             return 0;
     }
     if (f->flow_frac < FP_ALL && flow_hash(pi) >= f->flow_frac)
         return 0;
-    if (f->prob < FP_PROB_ONE && (u64)bpf_get_prandom_u32() >= f->prob)
-        return 0;
+    if (f->prob < FP_PROB_ONE && (f->prob == 0 || (u64)bpf_get_prandom_u32() >= f->prob))
+        return 0;   // a rate-0 fault (set, not firing) draws no random number
     if (f->kind == FP_FAULT_CORRUPT) {
         if (!pi->iph)
             return 0;  // only IPv4 headers carry a checksum to break
@@ -128,12 +128,11 @@ int fp_ingress(struct __sk_buff *skb) {
     struct fp_config *cfg = config.lookup(&k0);
     if (!cfg)
         return TC_ACT_UNSPEC;
-    u64 now = bpf_ktime_get_ns();
     struct pkt_info pi = {};
     classify(skb, &pi, 1);
-    if (apply_fault(skb, port, FP_HOOK_INGRESS, &pi, now))
+    if (apply_fault(skb, port, FP_HOOK_INGRESS, &pi))
         return TC_ACT_SHOT;
-    u64 id = pi.iph ? pulse_tick(cfg, now) : pulse_now();
+    u64 id = pi.iph ? pulse_tick(cfg, bpf_ktime_get_ns()) : pulse_now();
     count(skb, port, FP_DIR_IN, &pi, id);
     if (pi.kind == FP_KIND_BADHDR)
         return TC_ACT_OK;  // never spray it: the kernel's IP input discards it (InCsumErrors)
@@ -173,11 +172,10 @@ int fp_egress(struct __sk_buff *skb) {
     if (found < 0)
         return TC_ACT_UNSPEC;
     u32 port = found;
-    u64 now = bpf_ktime_get_ns();
     struct pkt_info pi = {};
     classify(skb, &pi, 0);
     count(skb, port, FP_DIR_OUT, &pi, pulse_now());   // every packet sent came in on a port: the clock moved there
-    if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi, now))
+    if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi))
         return TC_ACT_SHOT;
     return TC_ACT_OK;
 }
