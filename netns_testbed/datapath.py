@@ -1,10 +1,10 @@
 """The eBPF switch datapath: compile and attach (BCC), then read and steer it (pinned maps).
 
-``bpf/switch.c`` is compiled by BCC once per program shape (map sizes as ``-D``
-flags: all leaves of a fabric share one compile, all spines another); each
-switch namespace gets its own copy of the maps and of the verified programs
+``bpf/switch.c`` is compiled by BCC once per fabric (map sizes as ``-D`` flags,
+sized for the fabric's largest switch, so leaves and spines share the compile);
+each switch namespace gets its own copy of the maps and of the verified programs
 (:class:`Template`), its identity in its config map, attached to every port
-with tc clsact; its maps are pinned under ``<state dir>/bpf/<switch>/`` so other
+(tcx links, or tc clsact); its maps are pinned under ``<state dir>/bpf/<switch>/`` so other
 processes (CLI, agents) use them after the loader exits. Readers need only
 :class:`SwitchMaps`.
 """
@@ -129,7 +129,11 @@ C_CONSTANTS: dict[str, int] = {
 
 @dataclass(frozen=True)
 class SwitchShape:
-    """Compile-time shape of one switch's program, derived from the fabric model."""
+    """Compile-time shape of one switch's program, derived from the fabric model.
+
+    ``nports`` is the switch's own port count; its maps have ``port_slots`` port entries (``slots``:
+    the fabric's largest switch; 0: its own), so that every switch of a fabric runs one compile.
+    Readers see only the first ``nports``."""
 
     nports: int
     nleaves: int
@@ -137,6 +141,12 @@ class SwitchShape:
     leaf_id: int
     nuplinks: int
     ring: int = RING
+    slots: int = 0
+
+    @property
+    def port_slots(self) -> int:
+        """Ports the program's maps are sized for (its NPORTS)."""
+        return max(self.slots, self.nports)
 
     @property
     def nsrc(self) -> int:
@@ -145,20 +155,21 @@ class SwitchShape:
 
     @property
     def ncounters(self) -> int:
-        """Ring elements of one pulse (one per port, direction and source class)."""
-        return self.nports * 2 * self.nsrc
+        """Ring elements of one pulse (one per port slot, direction and source class)."""
+        return self.port_slots * 2 * self.nsrc
 
     @classmethod
     def of(cls, fabric: Fabric, switch: str) -> "SwitchShape":
         leaf = node_kind(switch) == "leaf"
         return cls(len(fabric.ports[switch]), fabric.spec.leaves, leaf,
-                   node_num(switch) if leaf else 0, fabric.spec.spines if leaf else 0)
+                   node_num(switch) if leaf else 0, fabric.spec.spines if leaf else 0,
+                   slots=max(len(fabric.ports[s]) for s in fabric.switches))
 
     def cflags(self) -> list[str]:
         """What the program is compiled with: the sizes of its maps, not which switch runs it (the
-        switch's role, leaf number and uplinks are in its config map), so that every switch of one
-        shape (all leaves of a fabric, all spines) shares one compile."""
-        return [f"-I{BPF_DIR}", f"-DNPORTS={self.nports}", f"-DNLEAVES={self.nleaves}",
+        switch's role, leaf number and uplinks are in its config map), so that every switch of a
+        fabric shares one compile."""
+        return [f"-I{BPF_DIR}", f"-DNPORTS={self.port_slots}", f"-DNLEAVES={self.nleaves}",
                 f"-DNSRC={self.nsrc}", f"-DFP_RING={self.ring}"]
 
     @property
@@ -171,8 +182,8 @@ def counter_map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]
     """Value type, size and per-CPU flag of the maps every FlowPulse program keeps (bpf/packet.h)."""
     return {
         "counters": (Count, shape.ring * shape.ncounters, True),
-        "dup": (Dup, shape.ring * shape.nports * 2, True),
-        "totals": (Counter, shape.nports * 2 * NKIND, True),
+        "dup": (Dup, shape.ring * shape.port_slots * 2, True),
+        "totals": (Counter, shape.port_slots * 2 * NKIND, True),
         "pulse": (U64, 2, False),
         "pulses": (PulseRec, shape.ring, False),
     }
@@ -183,13 +194,13 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
     return {
         **counter_map_entries(shape),
         "ifindex_port": (U32, IFINDEX_SLOTS, False),
-        "port_ifindex": (U32, shape.nports, False),
+        "port_ifindex": (U32, shape.port_slots, False),
         "config": (Config, 1, False),
         "spray": (Spray, shape.nleaves, False),
         "rotation": (U32, shape.nleaves + 1, True),
-        "faults": (Fault, shape.nports * 2, False),
-        "fault_stats": (FaultStats, shape.nports * 2, True),
-        "spray_stats": (U64, shape.nports, True),
+        "faults": (Fault, shape.port_slots * 2, False),
+        "fault_stats": (FaultStats, shape.port_slots * 2, True),
+        "spray_stats": (U64, shape.port_slots, True),
     }
 
 
@@ -402,8 +413,8 @@ def _module_license(b) -> bytes:
 
 
 class Loader:
-    """Loads switch programs, compiling each program shape once: a fabric's leaves share one compile,
-    its spines another; and once compiled, kept on disk for the next `fabric up`
+    """Loads switch programs, compiling each program shape once (a fabric's switches share one
+    compile: :class:`SwitchShape`); and once compiled, kept on disk for the next `fabric up`
     (netns_testbed.bpfcache). ``compiled`` counts the compiles this loader ran."""
 
     def __init__(self) -> None:
@@ -476,7 +487,8 @@ class CounterMaps:
 
     def totals(self) -> np.ndarray:
         """Cumulative counts since the program loaded: int64 [port, dir, kind, (pkts, bytes)]."""
-        return _pkts_bytes(self.maps["totals"].get_all_array()).reshape(self.nports, 2, NKIND, 2)
+        slots = self.shape.port_slots
+        return _pkts_bytes(self.maps["totals"].get_all_array()).reshape(slots, 2, NKIND, 2)[:self.nports]
 
     def pulse_state(self) -> tuple[int, int, int]:
         """(pulse id (24 bits), last IPv4 packet time ns (2^20 ns resolution), current pulse start ns)."""
@@ -488,14 +500,16 @@ class CounterMaps:
         """The counts of kernel pulse ``pulse`` (24-bit id) from its ring slot: per element and CPU,
         only the values tagged with that pulse (older tags are elements the pulse never touched)."""
         slot = pulse % self.ring
-        n, nd = self.shape.ncounters, self.nports * 2
+        slots = self.shape.port_slots
+        n, nd = self.shape.ncounters, slots * 2
         counts, newer = sum_pulse(self.maps["counters"].get_range_per_cpu(slot * n, n), pulse)
         dcpu = self.maps["dup"].get_range_per_cpu(slot * nd, nd)
         dmine, dnewer = _tags(dcpu["pulse"], pulse)
         dups = np.stack([np.where(dmine, dcpu[f], 0).sum(axis=1, dtype=np.int64) for f in ("segs", "bytes")], -1)
         rec = self.maps["pulses"].get(slot)
         ours = rec.pulse == pulse
-        return PulseSlot(pulse, counts.reshape(self.nports, 2, self.nsrc, NKIND), dups.reshape(self.nports, 2, 2),
+        return PulseSlot(pulse, counts.reshape(slots, 2, self.nsrc, NKIND)[:self.nports],
+                         dups.reshape(slots, 2, 2)[:self.nports],
                          rec.start_ns if ours else 0, rec.end_ns if ours else 0,
                          newer or dnewer or (not ours and _is_newer(rec.pulse, pulse)))
 
@@ -594,7 +608,7 @@ class SwitchMaps(CounterMaps):
 
     # -- reading ------------------------------------------------------------
     def spray_stats(self) -> list[int]:
-        return [int(v) for v in self.maps["spray_stats"].get_all_array()["v"]]
+        return [int(v) for v in self.maps["spray_stats"].get_all_array()["v"][:self.nports]]
 
     def fault_stats(self, port: int, hook: str) -> FaultStats:
         return self.maps["fault_stats"].get(port * 2 + HOOKS[hook])

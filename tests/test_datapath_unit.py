@@ -114,15 +114,23 @@ def class_of(ip: str) -> int:
 
 # -- one compile, one copy per switch -------------------------------------------------------------
 
-def test_one_compile_serves_every_leaf_each_with_its_own_maps_and_identity():
-    """The loader compiles once per program shape: two leaves share it. Each copy keeps its own maps,
-    and sprays by its own leaf number (its config map): the same frame, h0 -> h2 (leaf1's host), is
-    sprayed by leaf0 and left to leaf1's routing (it is for leaf1's own host)."""
+def test_one_compile_serves_every_switch_each_with_its_own_maps_and_identity():
+    """The loader compiles once per fabric: two leaves and a spine share it (its maps are sized for
+    the largest switch, a leaf's 6 ports; the spine's 3 are what its readers see). Each copy keeps its
+    own maps, and sprays by its own leaf number (its config map): the same frame, h0 -> h2 (leaf1's
+    host), is sprayed by leaf0 and left to leaf1's routing (it is for leaf1's own host)."""
     loader = dp.Loader()
-    a, b = Program("leaf0", loader), Program("leaf1", loader)
+    a, b, c = Program("leaf0", loader), Program("leaf1", loader), Program("spine1", loader)
     try:
         assert len(loader.templates) == 1
-        assert set(a.prog.maps.values()).isdisjoint(b.prog.maps.values())
+        assert len({*a.prog.maps.values(), *b.prog.maps.values(), *c.prog.maps.values()}) == 3 * len(a.prog.maps)
+        c.reset()
+        assert c.maps.shape.port_slots == 6 and c.maps.nports == 3
+        assert c.run("ingress", 2, tcp(src=H4, dst=H0))[0] == TC_ACT_OK       # from leaf2, routed on
+        assert c.run("egress", 0, tcp(src=H4, dst=H0))[0] == TC_ACT_OK        # to leaf0
+        assert c.counts().shape[0] == 3 and c.maps.totals().shape[0] == 3
+        assert c.count(2, "in", class_of(H4), "tcp_data")[0] == 1 and c.count(0, "out", class_of(H4), "tcp_data")[0] == 1
+        assert c.counts().sum() == 2 and len(c.maps.spray_stats()) == 3
         a.reset()
         b.reset()
         frame = tcp(src=H0, dst=H2)
@@ -136,6 +144,7 @@ def test_one_compile_serves_every_leaf_each_with_its_own_maps_and_identity():
     finally:
         a.close()
         b.close()
+        c.close()
 
 
 # -- kinds and source classes -------------------------------------------------------------------
