@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -90,7 +91,7 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
     if opts.datapath:
         dp.load_bcc()
         dp.check_headers()
-        opts.hook = hooks.choose(opts.hook)
+        opts = dataclasses.replace(opts, hook=hooks.choose(opts.hook))   # the caller's options stay as given
     with prefix_lock(prefix, wait_s=0):
         try:
             return _up_locked(prefix, spec, fabric, opts, progress)

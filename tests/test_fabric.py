@@ -416,9 +416,11 @@ def test_failed_build_leaves_nothing(monkeypatch):
         raise RuntimeError("injected failure after namespaces and links exist")
 
     monkeypatch.setattr(datapath.Loader, "load", boom)
+    opts = builder.UpOptions()
     with pytest.raises(RuntimeError, match="injected"):
-        builder.up(prefix, builder.FabricSpec(leaves=2, spines=2, hosts_per_leaf=1))
+        builder.up(prefix, builder.FabricSpec(leaves=2, spines=2, hosts_per_leaf=1), opts)
     assert_gone(prefix)
+    assert opts.hook is None          # the hook was chosen for this build only: the caller's options are theirs
 
 
 def test_sigkilled_builder_is_cleaned_by_down():
