@@ -56,6 +56,20 @@ def in_netns(name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def private_netns() -> Iterator[None]:
+    """Run the block with this thread in a new, nameless network namespace, then come back; the
+    kernel frees the namespace with its last user (nothing to clean up, even after SIGKILL)."""
+    with open("/proc/thread-self/ns/net") as home:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare: {os.strerror(err)}")
+        try:
+            yield
+        finally:
+            _setns(home.fileno())
+
+
+@contextlib.contextmanager
 def iproute(name: str) -> Iterator["IPRoute"]:
     """A pyroute2 IPRoute whose netlink socket lives in namespace ``name``.
 

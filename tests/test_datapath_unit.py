@@ -12,6 +12,7 @@ chance of failing a correct program is stated at each test (at most 1e-6).
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -25,6 +26,7 @@ from scipy import stats
 from netns_testbed import datapath as dp
 from netns_testbed import faults
 from netns_testbed.bpfmaps import prog_test_run
+from netns_testbed.nsutil import private_netns
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
 
 pytestmark = pytest.mark.root
@@ -34,6 +36,7 @@ TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC = 0, 2, 7, -1
 H0, H1, H2, H4 = (FABRIC.host_ip(h) for h in ("h0", "h1", "h2", "h4"))   # h0 h1 on leaf0, h2 leaf1, h4 leaf2
 UPLINKS = range(FABRIC.spec.spines)           # leaf0's ports 0..3 go to spine0..3
 H0_PORT = FABRIC.port_to("leaf0", "h0").index
+MACS = {"src": "02:00:00:00:00:0a", "dst": "02:00:00:00:00:0b"}   # given: scapy would look them up in the routes
 
 
 class Program:
@@ -55,8 +58,12 @@ class Program:
 
     def run(self, hook: str, port: int, frame, repeat: int = 1) -> tuple[int, bytes]:
         """Run the ``hook`` program on ``frame`` as if it crossed ``port`` (the test packet's device,
-        the loopback, is mapped to that port)."""
+        the loopback, is mapped to that port). A test run repeats on one buffer, and a forwarded or
+        sprayed packet loses a hop of TTL each time: at most 50 runs per buffer."""
         self.maps.maps["ifindex_port"].set(1, dp.U32(port + 1))
+        while repeat > 50:
+            prog_test_run(self.prog.progs[f"fp_{hook}"], bytes(frame), 50)
+            repeat -= 50
         return prog_test_run(self.prog.progs[f"fp_{hook}"], bytes(frame), repeat)
 
     def counts(self) -> np.ndarray:
@@ -88,6 +95,28 @@ class Program:
         self.prog.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_namespace():
+    """The module's test runs happen in a namespace of their own, IPv4 forwarding off: a test run's
+    device is the namespace's loopback, and a program that forwards asks that namespace's FIB (the
+    host's routes and forwarding setting must not decide a test's verdicts). And on one CPU: the
+    spray rotations are per CPU, and a run that moved to another CPU mid-sequence would start there
+    from that CPU's own position (seen: a first frame slow to build moved the thread)."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        with private_netns():
+            set_forwarding(False)
+            yield
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
+def set_forwarding(on: bool) -> None:
+    with open("/proc/sys/net/ipv4/conf/all/forwarding", "w") as f:   # this thread's namespace
+        f.write("1" if on else "0")
+
+
 @pytest.fixture(scope="module")
 def leaf():
     p = Program("leaf0")
@@ -103,7 +132,7 @@ def spine():
 
 
 def tcp(src=H0, dst=H2, sport=40000, dport=5000, payload=b"x" * 100, flags="PA", **kw):
-    return Ether() / IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags=flags, **kw) / Raw(payload)
+    return Ether(**MACS) / IP(src=src, dst=dst) / TCP(sport=sport, dport=dport, flags=flags, **kw) / Raw(payload)
 
 
 def class_of(ip: str) -> int:
@@ -151,15 +180,15 @@ def test_one_compile_serves_every_switch_each_with_its_own_maps_and_identity():
 
 KIND_CASES = {
     "tcp with payload": (tcp(), "tcp_data", class_of(H0)),
-    "tcp SYN": (Ether() / IP(src=H2, dst=H0) / TCP(flags="S"), "tcp_ctrl", class_of(H2)),
-    "tcp ACK": (Ether() / IP(src=H4, dst=H0) / TCP(flags="A"), "tcp_ctrl", class_of(H4)),
-    "udp": (Ether() / IP(src=H2, dst=H0) / UDP(sport=1, dport=2) / Raw(b"u" * 30), "other_ip", class_of(H2)),
-    "icmp": (Ether() / IP(src=H0, dst=H2) / ICMP(), "other_ip", class_of(H0)),
-    "tcp behind IP options": (Ether() / IP(src=H0, dst=H2, options=b"\x01\x01\x01\x00") / TCP() / Raw(b"d"),
+    "tcp SYN": (Ether(**MACS) / IP(src=H2, dst=H0) / TCP(flags="S"), "tcp_ctrl", class_of(H2)),
+    "tcp ACK": (Ether(**MACS) / IP(src=H4, dst=H0) / TCP(flags="A"), "tcp_ctrl", class_of(H4)),
+    "udp": (Ether(**MACS) / IP(src=H2, dst=H0) / UDP(sport=1, dport=2) / Raw(b"u" * 30), "other_ip", class_of(H2)),
+    "icmp": (Ether(**MACS) / IP(src=H0, dst=H2) / ICMP(), "other_ip", class_of(H0)),
+    "tcp behind IP options": (Ether(**MACS) / IP(src=H0, dst=H2, options=b"\x01\x01\x01\x00") / TCP() / Raw(b"d"),
                               "other_ip", class_of(H0)),
     "outside the address plan": (tcp(src="192.168.7.1"), "tcp_data", 0),
-    "arp": (Ether() / ARP(psrc=H0, pdst=H1), "non_ip", FABRIC.spec.leaves + 1),
-    "ipv6": (Ether() / IPv6() / UDP() / Raw(b"v"), "non_ip", FABRIC.spec.leaves + 1),
+    "arp": (Ether(**MACS) / ARP(psrc=H0, pdst=H1), "non_ip", FABRIC.spec.leaves + 1),
+    "ipv6": (Ether(**MACS) / IPv6() / UDP() / Raw(b"v"), "non_ip", FABRIC.spec.leaves + 1),
 }
 
 
@@ -185,7 +214,7 @@ def test_a_broken_header_checksum_is_a_header_error_on_ingress_only(spine):
     assert spine.count(0, "in", class_of(H0), "bad_hdr")[0] == 1
     spine.run("egress", 0, frame)                      # a switch never sends one: egress does not look
     assert spine.count(0, "out", class_of(H0), "tcp_data")[0] == 1
-    opts = Ether(bytes(Ether() / IP(src=H0, dst=H2, options=b"\x01\x01\x01\x00") / TCP() / Raw(b"d")))
+    opts = Ether(bytes(Ether(**MACS) / IP(src=H0, dst=H2, options=b"\x01\x01\x01\x00") / TCP() / Raw(b"d")))
     spine.run("ingress", 0, opts)                      # options sum right: counted by kind
     assert spine.count(0, "in", class_of(H0), "other_ip")[0] == 1
     raw = bytearray(bytes(opts))
@@ -207,9 +236,9 @@ def test_packets_from_a_device_that_is_not_a_port_are_left_alone(spine):
 def test_a_dsack_is_counted_on_its_port_and_a_plain_sack_is_not(leaf):
     leaf.reset()
     ack = 1_000_000
-    dsack = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
+    dsack = Ether(**MACS) / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
         ("NOP", None), ("NOP", None), ("SAck", (ack - 2896, ack - 1448))])
-    sack = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
+    sack = Ether(**MACS) / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
         ("NOP", None), ("NOP", None), ("SAck", (ack + 1448, ack + 2896))])
     leaf.run("egress", 1, dsack)
     leaf.run("egress", 1, sack)
@@ -225,9 +254,9 @@ def test_a_dsack_behind_timestamps_is_counted_and_timestamps_alone_are_not(leaf)
     leaf.reset()
     ack = 1_000_000
     ts = [("NOP", None), ("NOP", None), ("Timestamp", (7, 9))]
-    behind_ts = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
+    behind_ts = Ether(**MACS) / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[
         *ts, ("NOP", None), ("NOP", None), ("SAck", (ack - 2896, ack - 1448))])
-    ts_only = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=ts)
+    ts_only = Ether(**MACS) / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=ts)
     assert bytes(ts_only[TCP])[12] >> 4 == 8                 # the fast path's shape: 12 bytes of options
     leaf.run("egress", 1, behind_ts)
     leaf.run("egress", 1, ts_only, repeat=5)
@@ -303,10 +332,61 @@ def test_only_host_traffic_to_another_leaf_is_sprayed(leaf, mode):
     assert leaf.run("ingress", H0_PORT, tcp(src=H0, dst=H1))[0] == TC_ACT_OK        # to a host of this leaf
     assert leaf.run("ingress", 1, tcp(src=H2, dst=H0))[0] == TC_ACT_OK              # from an uplink
     assert leaf.run("ingress", H0_PORT, tcp(dst="192.168.7.1"))[0] == TC_ACT_OK     # to no leaf
-    assert leaf.run("ingress", H0_PORT, Ether() / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
+    assert leaf.run("ingress", H0_PORT, Ether(**MACS) / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
     expected = TC_ACT_OK if mode == "off" else TC_ACT_REDIRECT
     assert leaf.run("ingress", H0_PORT, tcp(dst=H2))[0] == expected
     assert leaf.sprayed().sum() == (0 if mode == "off" else 1)
+
+
+def test_what_the_kernel_would_forward_is_forwarded_by_the_program(spine):
+    """Forwarding on in the test's namespace, with a route to leaf0's hosts through a resolved
+    neighbour and one to leaf2's through an unresolved one (out of a veth pair of its own): at a spine's ingress the program asks the
+    kernel's FIB, takes a hop off the TTL (the checksum still valid), writes the next hop's MACs and
+    redirects, or hands the packet to the kernel's neighbour resolution. A TTL of 1, a destination
+    without a route and the spraying-off baseline are left to the kernel, untouched."""
+    from pyroute2 import IPRoute
+
+    spine.reset()
+    ipr = IPRoute()
+    try:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        ipr.link("add", ifname="fpd0", kind="veth", peer="fpd1")     # (not every kernel has dummy)
+        d0 = ipr.link_lookup(ifname="fpd0")[0]
+        ipr.link("set", index=d0, address="02:00:00:00:00:01")
+        for idx in (d0, *ipr.link_lookup(ifname="fpd1")):
+            ipr.link("set", index=idx, state="up")
+        ipr.addr("add", index=d0, address="192.0.2.1", prefixlen=24)
+        ipr.neigh("add", dst="192.0.2.2", lladdr="02:00:00:00:00:02", ifindex=d0, state=0x80)   # permanent
+        ipr.route("add", dst=str(Fabric.leaf_subnet("leaf0")), gateway="192.0.2.2")
+        ipr.route("add", dst=str(Fabric.leaf_subnet("leaf2")), gateway="192.0.2.3")
+        set_forwarding(True)
+
+        def ip_of(out: bytes):
+            pkt = Ether(out)
+            again = IP(bytes(pkt[IP]))
+            del again.chksum
+            assert IP(bytes(again)).chksum == pkt[IP].chksum, "the header checksum no longer matches"
+            return pkt
+
+        verdict, out = spine.run("ingress", 2, tcp(src=H4, dst=H0))
+        pkt = ip_of(out)
+        assert verdict == TC_ACT_REDIRECT and pkt[IP].ttl == 63
+        assert (pkt.dst, pkt.src) == ("02:00:00:00:00:02", "02:00:00:00:00:01")
+        verdict, out = spine.run("ingress", 0, tcp(src=H0, dst=H4))        # neighbour unresolved
+        assert verdict == TC_ACT_REDIRECT and ip_of(out)[IP].ttl == 63
+        last_hop = Ether(**MACS) / IP(src=H4, dst=H0, ttl=1) / TCP() / Raw(b"x")
+        nowhere = Ether(**MACS) / IP(src=H4, dst="198.51.100.1") / TCP() / Raw(b"x")
+        for frame in (last_hop, nowhere):
+            verdict, out = spine.run("ingress", 2, frame)
+            assert verdict == TC_ACT_OK and out == bytes(frame)
+        spine.reset("off")
+        verdict, out = spine.run("ingress", 2, tcp(src=H4, dst=H0))
+        assert verdict == TC_ACT_OK and Ether(out)[IP].ttl == 64
+    finally:
+        set_forwarding(False)
+        for idx in ipr.link_lookup(ifname="fpd0"):
+            ipr.link("del", index=idx)
+        ipr.close()
 
 
 def test_the_egress_program_never_redirects(leaf):
@@ -383,7 +463,7 @@ def test_src_and_dst_select_the_packets_a_fault_touches(leaf):
     assert leaf.run("egress", 1, tcp(src=H0, dst=H2))[0] == TC_ACT_SHOT
     assert leaf.run("egress", 1, tcp(src=H1, dst=H2))[0] == TC_ACT_OK
     assert leaf.run("egress", 1, tcp(src=H0, dst=H4))[0] == TC_ACT_OK
-    assert leaf.run("egress", 1, Ether() / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
+    assert leaf.run("egress", 1, Ether(**MACS) / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
     assert fault_stats(leaf, site) == (1, 1)
 
 
@@ -449,7 +529,7 @@ def test_an_idle_gap_longer_than_the_configured_one_starts_a_pulse(spine):
     pid, last, start = spine.maps.pulse_state()
     assert pid == 1 and 0 <= start - last < dp.PULSE_UNIT_NS
     time.sleep(0.4)
-    spine.run("ingress", 1, Ether() / ARP())             # not IPv4: the pulse clock does not move
+    spine.run("ingress", 1, Ether(**MACS) / ARP())             # not IPv4: the pulse clock does not move
     assert spine.maps.pulse_state()[0] == 1
     spine.run("egress", 2, tcp())                        # the clock moves on ingress only (all a switch
     assert spine.maps.pulse_state()[0] == 1              # sends came in on one of its ports)
@@ -532,7 +612,7 @@ def test_pulse_records_give_each_pulse_its_start_and_end(spine):
 def test_dsacks_go_to_the_pulse_they_came_in(leaf):
     leaf.reset(gap_ms=100.0)
     ack = 5000
-    dsack = Ether() / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[("SAck", (ack - 100, ack - 50))])
+    dsack = Ether(**MACS) / IP(src=H0, dst=H2) / TCP(flags="A", ack=ack, options=[("SAck", (ack - 100, ack - 50))])
     leaf.run("ingress", H0_PORT, dsack)
     new_pulse(leaf, 100.0)
     leaf.run("ingress", H0_PORT, dsack, repeat=2)
