@@ -1,5 +1,5 @@
 // FlowPulse switch datapath: one instance per switch namespace, attached with
-// tc clsact (direct-action) to every port of the switch.
+// tcx links (or tc clsact, direct-action) to every port of the switch.
 //
 //   ingress: fault (host->leaf link faults: hosts run no program)
 //            -> count (per port, direction, source leaf, packet kind)
