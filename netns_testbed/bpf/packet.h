@@ -209,8 +209,12 @@ static __always_inline void ring_count(struct fp_count *c, u32 id, u32 kind) {
         for (int k = 0; k < FP_NKIND; k++)
             c->pkts[k] = 0;
     }
-    if (kind < FP_NKIND)
-        c->pkts[kind] += 1;
+    // one constant offset per kind, no pointer moved by a variable: the site agent's program is loaded
+    // without CAP_PERFMON, whose verifier refuses `c->pkts[kind]` ("pointer arithmetic ... prohibited
+    // for !root"; tests/test_site_agent.py's unit-file test loads it that way)
+#pragma unroll
+    for (int k = 0; k < FP_NKIND; k++)
+        c->pkts[k] += kind == k;
 }
 
 static __always_inline void ring_dup(struct fp_dup *d, u64 id, u32 bytes) {
