@@ -10,8 +10,8 @@ and a rate-0 fault on the leaf's uplink 1 (every stage runs, as in bench/datapat
 The runs happen in a network namespace of the bench's own, forwarding on, with a route to each
 leaf's hosts through a resolved next hop: the programs' FIB lookups find a route, as in a fabric.
 
-Each row is one program run; "path" is what one packet from h0 to h1 costs in programs: leaf0 in
-and out, a spine in and out, leaf1 in and out. With --against REV the program of that git revision
+Each row is one program run; "path" is what one packet costs in programs over its six runs: from
+h0 to h1 (leaf0 in and out, a spine in and out, leaf1 in and out), and for the ACK back. With --against REV the program of that git revision
 (its netns_testbed/bpf/) is measured beside the working tree's, alternated round by round, so that
 one change of the C source is judged by numbers from the same minutes. This is the precise side of
 bench/datapath.py, whose throughput rows also carry the hooks' cost and the machine's noise.
@@ -59,6 +59,15 @@ PATH = [("leaf0", "ingress", FABRIC.port_to("leaf0", "h0").index),
         ("spine1", "egress", FABRIC.port_to("spine1", "leaf1").index),
         ("leaf1", "ingress", FABRIC.port_to("leaf1", "spine1").index),
         ("leaf1", "egress", FABRIC.port_to("leaf1", "h1").index)]
+# the ACKs come back h1 -> h0: leaf1 in from h1, out to spine1; spine1 in from leaf1, out to leaf0; leaf0
+# in from spine1, out to h0
+BACK = [("leaf1", "ingress", FABRIC.port_to("leaf1", "h1").index),
+        ("leaf1", "egress", FABRIC.port_to("leaf1", "spine1").index),
+        ("spine1", "ingress", FABRIC.port_to("spine1", "leaf1").index),
+        ("spine1", "egress", FABRIC.port_to("spine1", "leaf0").index),
+        ("leaf0", "ingress", FABRIC.port_to("leaf0", "spine1").index),
+        ("leaf0", "egress", FABRIC.port_to("leaf0", "h0").index)]
+PATHS = {"TCP data 1448 B": PATH, "TCP ACK": BACK, "UDP 64 B": PATH}
 
 
 class Variant:
@@ -164,7 +173,7 @@ def main() -> int:
     BPF = load_bcc()
     noop = BPF(src_file=str(Path(__file__).with_name("noop.c")).encode())
     noop_fd = noop.load_func(b"noop", BPF.SCHED_CLS).fd
-    rows = [(fname, sw, hook, port) for fname in FRAMES for sw, hook, port in PATH]
+    rows = [(fname, sw, hook, port) for fname in FRAMES for sw, hook, port in PATHS[fname]]
     times: dict = {}
     with routed_namespace():
         measure(a, variants, noop_fd, times)
@@ -179,7 +188,7 @@ def measure(a, variants: list[Variant], noop_fd: int, times: dict) -> None:
             raw = bytes(frame)
             times.setdefault(("noop", fname), []).append(prog_test_run_ns(noop_fd, raw, a.repeat))
             for v in variants:
-                for sw, hook, port in PATH:
+                for sw, hook, port in PATHS[fname]:
                     times.setdefault((v.label, fname, sw, hook), []).append(v.run(sw, hook, port, raw, a.repeat))
 
 
@@ -195,7 +204,7 @@ def report(a, variants: list[Variant], rows: list, times: dict) -> None:
             f" {med[v.label, fname, sw, hook] - med['noop', fname]:>14.1f}" for v in variants))
     for fname in FRAMES:
         print(f"{fname:16} {'path':7} {'(6 runs)':8}" + "".join(
-            f" {sum(med[v.label, fname, sw, hook] - med['noop', fname] for sw, hook, _ in PATH):>14.1f}"
+            f" {sum(med[v.label, fname, sw, hook] - med['noop', fname] for sw, hook, _ in PATHS[fname]):>14.1f}"
             for v in variants))
 
 

@@ -58,12 +58,8 @@ class Program:
 
     def run(self, hook: str, port: int, frame, repeat: int = 1) -> tuple[int, bytes]:
         """Run the ``hook`` program on ``frame`` as if it crossed ``port`` (the test packet's device,
-        the loopback, is mapped to that port). A test run repeats on one buffer, and a forwarded or
-        sprayed packet loses a hop of TTL each time: at most 50 runs per buffer."""
+        the loopback, is mapped to that port)."""
         self.maps.maps["ifindex_port"].set(1, dp.U32(port + 1))
-        while repeat > 50:
-            prog_test_run(self.prog.progs[f"fp_{hook}"], bytes(frame), 50)
-            repeat -= 50
         return prog_test_run(self.prog.progs[f"fp_{hook}"], bytes(frame), repeat)
 
     def counts(self) -> np.ndarray:
@@ -97,24 +93,20 @@ class Program:
 
 @pytest.fixture(scope="module", autouse=True)
 def _own_namespace():
-    """The module's test runs happen in a namespace of their own, IPv4 forwarding off: a test run's
-    device is the namespace's loopback, and a program that forwards asks that namespace's FIB (the
-    host's routes and forwarding setting must not decide a test's verdicts). And on one CPU: the
-    spray rotations are per CPU, and a run that moved to another CPU mid-sequence would start there
-    from that CPU's own position (seen: a first frame slow to build moved the thread)."""
+    """The module's test runs happen in a network namespace of their own, IPv4 forwarding off: a
+    test run's device is that namespace's loopback, so nothing of the host's (its routes, its
+    forwarding setting) reaches a verdict. And on one CPU: the spray rotations are per CPU, and a run
+    that moved to another CPU mid-sequence would start there from that CPU's own position (seen: a
+    first frame slow to build moved the thread)."""
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})
     try:
         with private_netns():
-            set_forwarding(False)
+            with open("/proc/sys/net/ipv4/conf/all/forwarding", "w") as f:   # this thread's namespace
+                f.write("0")
             yield
     finally:
         os.sched_setaffinity(0, cpus)
-
-
-def set_forwarding(on: bool) -> None:
-    with open("/proc/sys/net/ipv4/conf/all/forwarding", "w") as f:   # this thread's namespace
-        f.write("1" if on else "0")
 
 
 @pytest.fixture(scope="module")
@@ -336,57 +328,6 @@ def test_only_host_traffic_to_another_leaf_is_sprayed(leaf, mode):
     expected = TC_ACT_OK if mode == "off" else TC_ACT_REDIRECT
     assert leaf.run("ingress", H0_PORT, tcp(dst=H2))[0] == expected
     assert leaf.sprayed().sum() == (0 if mode == "off" else 1)
-
-
-def test_what_the_kernel_would_forward_is_forwarded_by_the_program(spine):
-    """Forwarding on in the test's namespace, with a route to leaf0's hosts through a resolved
-    neighbour and one to leaf2's through an unresolved one (out of a veth pair of its own): at a spine's ingress the program asks the
-    kernel's FIB, takes a hop off the TTL (the checksum still valid), writes the next hop's MACs and
-    redirects, or hands the packet to the kernel's neighbour resolution. A TTL of 1, a destination
-    without a route and the spraying-off baseline are left to the kernel, untouched."""
-    from pyroute2 import IPRoute
-
-    spine.reset()
-    ipr = IPRoute()
-    try:
-        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-        ipr.link("add", ifname="fpd0", kind="veth", peer="fpd1")     # (not every kernel has dummy)
-        d0 = ipr.link_lookup(ifname="fpd0")[0]
-        ipr.link("set", index=d0, address="02:00:00:00:00:01")
-        for idx in (d0, *ipr.link_lookup(ifname="fpd1")):
-            ipr.link("set", index=idx, state="up")
-        ipr.addr("add", index=d0, address="192.0.2.1", prefixlen=24)
-        ipr.neigh("add", dst="192.0.2.2", lladdr="02:00:00:00:00:02", ifindex=d0, state=0x80)   # permanent
-        ipr.route("add", dst=str(Fabric.leaf_subnet("leaf0")), gateway="192.0.2.2")
-        ipr.route("add", dst=str(Fabric.leaf_subnet("leaf2")), gateway="192.0.2.3")
-        set_forwarding(True)
-
-        def ip_of(out: bytes):
-            pkt = Ether(out)
-            again = IP(bytes(pkt[IP]))
-            del again.chksum
-            assert IP(bytes(again)).chksum == pkt[IP].chksum, "the header checksum no longer matches"
-            return pkt
-
-        verdict, out = spine.run("ingress", 2, tcp(src=H4, dst=H0))
-        pkt = ip_of(out)
-        assert verdict == TC_ACT_REDIRECT and pkt[IP].ttl == 63
-        assert (pkt.dst, pkt.src) == ("02:00:00:00:00:02", "02:00:00:00:00:01")
-        verdict, out = spine.run("ingress", 0, tcp(src=H0, dst=H4))        # neighbour unresolved
-        assert verdict == TC_ACT_REDIRECT and ip_of(out)[IP].ttl == 63
-        last_hop = Ether(**MACS) / IP(src=H4, dst=H0, ttl=1) / TCP() / Raw(b"x")
-        nowhere = Ether(**MACS) / IP(src=H4, dst="198.51.100.1") / TCP() / Raw(b"x")
-        for frame in (last_hop, nowhere):
-            verdict, out = spine.run("ingress", 2, frame)
-            assert verdict == TC_ACT_OK and out == bytes(frame)
-        spine.reset("off")
-        verdict, out = spine.run("ingress", 2, tcp(src=H4, dst=H0))
-        assert verdict == TC_ACT_OK and Ether(out)[IP].ttl == 64
-    finally:
-        set_forwarding(False)
-        for idx in ipr.link_lookup(ifname="fpd0"):
-            ipr.link("del", index=idx)
-        ipr.close()
 
 
 def test_the_egress_program_never_redirects(leaf):

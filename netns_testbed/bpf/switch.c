@@ -4,11 +4,7 @@
 //   ingress: fault (host->leaf link faults: hosts run no program)
 //            -> count (per port, direction, source leaf, packet kind)
 //            -> spray (leaves only, packets from a host port to another leaf)
-//            -> or forward (every other IPv4 packet the kernel would forward: the kernel's FIB
-//               lookup, TTL and MACs, then a redirect, without the kernel's forwarding path)
-//   egress:  count -> fault (faults on every link out of a switch, after counting; a redirected
-//            packet goes through its port's egress program like any other)
-// With spraying off (the "plain kernel routing" baseline) the kernel forwards every packet.
+//   egress:  count -> fault (faults on every link out of a switch, after counting)
 //
 // Compile-time parameters (-D, set by datapath.py from the fabric model): map sizes only, so that
 // one compile serves every switch of a shape (a fabric's leaves, its spines):
@@ -41,48 +37,6 @@ BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
 BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
 BPF_PERCPU_ARRAY(fault_stats, struct fp_fault_stats, NPORTS * 2);
 BPF_PERCPU_ARRAY(spray_stats, u64, NPORTS);        // packets sprayed to each uplink
-
-#ifndef AF_INET
-#define AF_INET 2
-#endif
-
-// The kernel's ip_decrease_ttl: one less hop, the header checksum updated incrementally.
-static __always_inline void ttl_decrease(struct iphdr *iph) {
-    u32 check = iph->check;
-    check += bpf_htons(0x0100);
-    iph->check = (u16)(check + (check >= 0xFFFF));
-    iph->ttl--;
-}
-
-// Forward an IPv4 packet where the kernel's routing would send it: its FIB lookup (the same routes,
-// the same next hop), the TTL decrement and the MAC rewrite of its forwarding path, then a redirect
-// to the port. Anything the kernel must answer or decide itself (a packet for this switch, a TTL
-// running out, no route, too big for the link) is left to it (TC_ACT_OK).
-static __always_inline int forward(struct __sk_buff *skb) {
-    void *data = (void *)(long)skb->data;
-    void *data_end = (void *)(long)skb->data_end;
-    struct ethhdr *eth = data;
-    struct iphdr *iph = data + sizeof(struct ethhdr);
-    if ((void *)(iph + 1) > data_end || iph->ttl <= 1)
-        return TC_ACT_OK;
-    struct bpf_fib_lookup fib = {};
-    fib.family = AF_INET;
-    fib.tos = iph->tos;
-    fib.l4_protocol = iph->protocol;
-    fib.tot_len = bpf_ntohs(iph->tot_len);
-    fib.ipv4_src = iph->saddr;
-    fib.ipv4_dst = iph->daddr;
-    fib.ifindex = skb->ifindex;
-    long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
-        return TC_ACT_OK;
-    ttl_decrease(iph);
-    if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)       // the neighbour is not resolved yet: the kernel resolves it
-        return redirect_neigh4(fib.ifindex, NULL, 0, 0);
-    __builtin_memcpy(eth->h_dest, fib.dmac, ETH_ALEN);
-    __builtin_memcpy(eth->h_source, fib.smac, ETH_ALEN);
-    return bpf_redirect(fib.ifindex, 0);
-}
 
 // The testbed's address plan: 10.(L+1).0.0/16 belongs to leaf L.
 static __always_inline u32 leaf_class(u32 addr_be) {
@@ -180,11 +134,12 @@ int fp_ingress(struct __sk_buff *skb) {
         return TC_ACT_SHOT;
     u64 id = pi.iph ? pulse_tick(cfg, bpf_ktime_get_ns()) : pulse_now();
     count(skb, port, FP_DIR_IN, &pi, id);
-    if (pi.kind == FP_KIND_BADHDR || cfg->mode == FP_SPRAY_OFF || !pi.iph)
-        return TC_ACT_OK;  // a broken header: the kernel's IP input discards it (InCsumErrors)
-    // On a leaf, spray packets that come from its hosts and go to another leaf; forward the rest.
-    if (!cfg->leaf_class || port < cfg->nuplinks || !pi.dst_leaf || pi.dst_leaf == cfg->leaf_class)
-        return forward(skb);
+    if (pi.kind == FP_KIND_BADHDR)
+        return TC_ACT_OK;  // never spray it: the kernel's IP input discards it (InCsumErrors)
+    // On a leaf, spray packets that come from its hosts and go to another leaf.
+    if (!cfg->leaf_class || cfg->mode == FP_SPRAY_OFF || port < cfg->nuplinks || !pi.dst_leaf ||
+        pi.dst_leaf == cfg->leaf_class)
+        return TC_ACT_OK;
     u32 dst = pi.dst_leaf - 1;
     struct fp_spray *sp = spray.lookup(&dst);
     if (!sp || sp->len == 0 || sp->len > FP_SPRAY_SLOTS)
@@ -206,15 +161,9 @@ int fp_ingress(struct __sk_buff *skb) {
     u32 *ifx = port_ifindex.lookup(&up);
     if (!ifx || !*ifx)
         return TC_ACT_OK;
-    void *data = (void *)(long)skb->data;
-    void *data_end = (void *)(long)skb->data_end;
-    struct iphdr *iph = data + sizeof(struct ethhdr);
-    if ((void *)(iph + 1) > data_end || iph->ttl <= 1)
-        return TC_ACT_OK;  // the kernel answers it (ICMP time exceeded)
     u64 *ss = spray_stats.lookup(&up);
     if (ss)
         *ss += 1;
-    ttl_decrease(iph);     // a hop like any other
     return redirect_neigh4(*ifx, NULL, 0, 0);
 }
 
