@@ -51,22 +51,19 @@ FRAMES = {   # what a TCP bulk transfer and the UDP bench send, as Linux sends t
     "TCP ACK": Ether(**MACS) / IP(src=H1, dst=H0, ttl=255) / TCP(sport=5201, dport=40000, flags="A", options=TS),
     "UDP 64 B": Ether(**MACS) / IP(src=H0, dst=H1, ttl=255) / UDP(sport=40000, dport=5201) / Raw(b"x" * 36),
 }
-# (switch, hook, port): h0 -> h1 crosses leaf0 (in from h0, out to spine1), spine1 (in from leaf0,
-# out to leaf1), leaf1 (in from spine1, out to h1)
-PATH = [("leaf0", "ingress", FABRIC.port_to("leaf0", "h0").index),
-        ("leaf0", "egress", FABRIC.port_to("leaf0", "spine1").index),
-        ("spine1", "ingress", FABRIC.port_to("spine1", "leaf0").index),
-        ("spine1", "egress", FABRIC.port_to("spine1", "leaf1").index),
-        ("leaf1", "ingress", FABRIC.port_to("leaf1", "spine1").index),
-        ("leaf1", "egress", FABRIC.port_to("leaf1", "h1").index)]
-# the ACKs come back h1 -> h0: leaf1 in from h1, out to spine1; spine1 in from leaf1, out to leaf0; leaf0
-# in from spine1, out to h0
-BACK = [("leaf1", "ingress", FABRIC.port_to("leaf1", "h1").index),
-        ("leaf1", "egress", FABRIC.port_to("leaf1", "spine1").index),
-        ("spine1", "ingress", FABRIC.port_to("spine1", "leaf1").index),
-        ("spine1", "egress", FABRIC.port_to("spine1", "leaf0").index),
-        ("leaf0", "ingress", FABRIC.port_to("leaf0", "spine1").index),
-        ("leaf0", "egress", FABRIC.port_to("leaf0", "h0").index)]
+
+
+def hops(src: tuple[str, str], dst: tuple[str, str], spine: str = "spine1") -> list[tuple[str, str, int]]:
+    """(switch, hook, port) of the six program runs from host src[1] under leaf src[0] to host dst[1]
+    under leaf dst[0] through ``spine``."""
+    (la, ha), (lb, hb) = src, dst
+    port = lambda a, b: FABRIC.port_to(a, b).index   # noqa: E731
+    return [(la, "ingress", port(la, ha)), (la, "egress", port(la, spine)),
+            (spine, "ingress", port(spine, la)), (spine, "egress", port(spine, lb)),
+            (lb, "ingress", port(lb, spine)), (lb, "egress", port(lb, hb))]
+
+
+PATH, BACK = hops(("leaf0", "h0"), ("leaf1", "h1")), hops(("leaf1", "h1"), ("leaf0", "h0"))   # the ACKs come back
 PATHS = {"TCP data 1448 B": PATH, "TCP ACK": BACK, "UDP 64 B": PATH}
 
 
