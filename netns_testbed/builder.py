@@ -8,12 +8,12 @@ idempotent. The namespaces have no link to the root namespace, hence no route ou
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
 import subprocess
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable

@@ -155,7 +155,7 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
             u8 *opt = (u8 *)(th + 1);
             if (th->doff > 5 && !(th->doff == 8 && (void *)(opt + 4) <= data_end && opt[0] == 1 && opt[1] == 1 &&
                                   opt[2] == 8 && opt[3] == 10)) {
-                // not the segment Linux sends but for a SACK (NOP NOP timestamps, nothing else): look
+                // (Linux's usual segment, NOP NOP timestamps and nothing else, has no SACK: not walked)
                 u32 tcp_off = sizeof(*eth) + sizeof(*iph);   // a 20-byte IPv4 header (checked above)
                 pi->dsack = dsack_bytes(skb, tcp_off + sizeof(*th), tcp_off + th->doff * 4, bpf_ntohl(th->ack_seq));
             }
