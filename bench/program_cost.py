@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import statistics
 import subprocess
 import sys
@@ -77,9 +76,7 @@ class Variant:
         self.switches = {}
         for sw in ("leaf0", "spine1", "leaf1"):
             shape = dp.SwitchShape.of(FABRIC, sw)
-            text = re.sub(r"^// FLOWPULSE_SPLICE\(([\w.]+)\).*$",
-                          lambda m: (bpf_dir / m.group(1)).read_text(), (bpf_dir / "switch.c").read_text(),
-                          flags=re.M) + "\n" + (dp.contract_asserts(shape) if contract else "")
+            text = dp.source_text(bpf_dir / "switch.c") + "\n" + (dp.contract_asserts(shape) if contract else "")
             cflags = [f"-I{bpf_dir}", *shape.cflags()[1:]]
             b, fns = dp.compile_program(text, cflags, dp.SWITCH_FUNCTIONS)
             maps = dp.SwitchMaps.of_program(FABRIC, sw, _Prog(b))

@@ -215,11 +215,12 @@ SPLICE = re.compile(r"^// FLOWPULSE_SPLICE\(([\w.]+)\).*$", re.M)
 
 def source_text(path: Path) -> str:
     """A program's C text as BCC compiles it: each ``// FLOWPULSE_SPLICE(file)`` line replaced by that
-    file of bpf/ (BCC rewrites map accesses only in the text it is given, not in #included files;
-    bpf/counting.inc says more)."""
+    file of the program's own directory (bpf/; another revision's for bench/program_cost.py) (BCC
+    rewrites map accesses only in the text it is given, not in #included files; bpf/counting.inc says
+    more)."""
     def splice(m: re.Match) -> str:
         name = m.group(1)
-        return f"// ---- {name} ----\n{(BPF_DIR / name).read_text()}// ---- end of {name} ----"
+        return f"// ---- {name} ----\n{(path.parent / name).read_text()}// ---- end of {name} ----"
     return SPLICE.sub(splice, path.read_text())
 
 
