@@ -32,6 +32,7 @@ two processes that see the same fault publish the same id.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -44,9 +45,14 @@ from agent.detector import SwitchDetector
 from agent.detector.verdict import Ledger, LinkEvidence, Verdict, evidence_from, settle
 from netns_testbed.topo import Fabric, Link, node_kind
 
+log = logging.getLogger("flowpulse.agent.incidents")
+# The verdict files' layout; an owner's file in another (an agent of another version during an upgrade)
+# gives no verdict: its alerts wait, as for an owner that stopped. 2: ledger rows carry timing weights.
+VERDICT_FORMAT = 2
+
 
 class EvidenceSource(Protocol):
-    def evidence(self, owner: str, link: Link, since: float) -> LinkEvidence | None: ...
+    def evidence(self, owner: str, link: Link, since: float, loss: float) -> LinkEvidence | None: ...
 
 
 class LocalEvidence:
@@ -55,22 +61,23 @@ class LocalEvidence:
     def __init__(self, detectors: Callable[[], dict]) -> None:
         self.detectors = detectors
 
-    def evidence(self, owner: str, link: Link, since: float) -> LinkEvidence | None:
+    def evidence(self, owner: str, link: Link, since: float, loss: float) -> LinkEvidence | None:
         det = self.detectors().get(owner)
-        return det.owned_evidence(link, since) if det is not None else None
+        return det.owned_evidence(link, since, loss) if det is not None else None
 
 
 class VerdictFiles:
     """Verdicts exported by agents in other processes: ``<dir>/<switch>.json``, replaced atomically
     after every pulse by the owner (:func:`write_verdicts`). Stale files (older than ``max_age_s``)
-    are ignored: an owner that stopped has no verdict."""
+    are ignored: an owner that stopped has no verdict, and so is a file of another ``VERDICT_FORMAT``."""
 
     def __init__(self, directory: Path, local: EvidenceSource | None = None, max_age_s: float = 30.0) -> None:
         self.dir, self.local, self.max_age_s = directory, local, max_age_s
+        self._warned: set[str] = set()
 
-    def evidence(self, owner: str, link: Link, since: float) -> LinkEvidence | None:
+    def evidence(self, owner: str, link: Link, since: float, loss: float) -> LinkEvidence | None:
         if self.local is not None:
-            ev = self.local.evidence(owner, link, since)
+            ev = self.local.evidence(owner, link, since, loss)
             if ev is not None:
                 return ev
         try:
@@ -79,17 +86,23 @@ class VerdictFiles:
             return None
         if time.time() - float(d.get("written", 0)) > self.max_age_s or link.name not in d.get("cells", {}):
             return None
+        if d.get("format") != VERDICT_FORMAT:
+            if owner not in self._warned:
+                self._warned.add(owner)
+                log.warning("%s's verdict file has format %s, this agent reads %d: no verdicts from %s until its "
+                            "agent runs this version", owner, d.get("format", 1), VERDICT_FORMAT, owner)
+            return None
         ledger = Ledger(int(d["ncells"]))
         ledger.load(d["ledger"])
         return evidence_from(ledger, int(d["cells"][link.name]), since, link.name, owner,
-                             link.name in d.get("open_links", []))
+                             link.name in d.get("open_links", []), loss)
 
 
 def write_verdicts(directory: Path, det: SwitchDetector) -> None:
     """Export a detector's verdict evidence for agents in other processes (nothing if it gives none)."""
     if det.ledger is None:
         return
-    d = {"written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells, "cells": det.owned_cells(),
+    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells, "cells": det.owned_cells(),
          "ledger": det.ledger.state(), "open_links": sorted(det.open_loss_links())}
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / f"{det.switch}.json"
@@ -172,8 +185,8 @@ class IncidentTracker:
         if len(ups) != 1 or len(downs) != 1:
             return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
         up, down = ups[0], downs[0]
-        ev = self._evidence(up, _onset(a))
         rate = float(a["estimated_rate"])
+        ev = self._evidence(up, _onset(a), rate)
         sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
         verdict, llr = settle(ev, rate, sd)
         detail = {"owner": up.dst, "verdict": str(verdict),
@@ -189,9 +202,10 @@ class IncidentTracker:
         self.decided[a["alert_id"]] = att
         return att
 
-    def _evidence(self, link: Link, since: float) -> LinkEvidence | None:
-        """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``."""
-        return self.source.evidence(link.dst, link, since) if self.source is not None else None
+    def _evidence(self, link: Link, since: float, loss: float) -> LinkEvidence | None:
+        """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``, for an alert of
+        rate ``loss``."""
+        return self.source.evidence(link.dst, link, since, loss) if self.source is not None else None
 
     def _host(self, a: dict, cands: list[str]) -> Attribution:
         """A host port's surplus: ``leafM->hN``, unless the way back of hN's ACKs lost them. Named only when
@@ -201,7 +215,7 @@ class IncidentTracker:
         others = [x for x in self.alerts.values() if x["alert_id"] != a["alert_id"] and x["kind"] == "loss"
                   and (x.get("evidence") or {}).get("test") != "host"]
         since = _onset(a)
-        evs = [self._evidence(u, since) for u in ups]
+        evs = [self._evidence(u, since, float(a["estimated_rate"])) for u in ups]
         detail = {"uplinks": [e.to_dict() if e else {"link": u.name, "verdict": "unjudged"} for u, e in zip(ups, evs)]}
         lossy = [e.link for e in _standing_out(evs)]
         if others or lossy:

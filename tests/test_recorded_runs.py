@@ -89,13 +89,7 @@ def test_without_widening_for_scatter_or_held_back_pulses_taken_out_a_verdict_na
     naming a healthy link; without both, spine1->leaf3 is named."""
     from agent.detector import verdict
 
-    plain = Ledger.window
-
-    def no_scatter(self, cell, since):
-        sa, sb, _, n = plain(self, cell, since)
-        return sa, sb, (sa * sa / sb if sb > 0 else 0.0), n   # chi^2 = 0: the model's sd only
-
-    monkeypatch.setattr(Ledger, "window", no_scatter)
+    monkeypatch.setattr(verdict, "scatter_ratio", lambda chi2, n: 1.0)   # the model's sd only
     det = detection("busy-allgather-two-faults")
     assert det["incidents_naming_healthy_links"] == [] and det["localization_correct"] == 2, det
     monkeypatch.setattr(verdict, "HELD_BACK_Z", math.inf)

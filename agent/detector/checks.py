@@ -372,7 +372,7 @@ class SpineCheck:
         """The previous pulse's samples, its deficits as far as this pulse confirms them."""
         cur, r_own, u_own, counted = self._balance(pc)
         cur.start_time = pc.start_time
-        self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, counted)
+        self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, cur.expected, counted)
         prev, self._held = self._held, cur
         return confirmed(prev, cur, self.shape)
 

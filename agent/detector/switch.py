@@ -42,7 +42,7 @@ from agent.detector.verdict import Ledger, LinkEvidence, evidence_from
 from agent.pulse import PulseAssembler, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
-STATE_VERSION = 2
+STATE_VERSION = 3   # 3: the verdict ledger keeps each pulse's timing weight
 # Host ports are not judged while a fabric loss into the leaf shows (see observe); a switch for the
 # recorded-run tests that show what each rule fixes
 HOSTS_WAIT_FOR_FABRIC_LOSS = True
@@ -303,13 +303,15 @@ class SwitchDetector:
     def open_loss_links(self) -> set[str]:
         return {oa.alert.link for oa in self.book.open.values() if oa.alert.kind == "loss" and oa.alert.link}
 
-    def owned_evidence(self, link: Link, since: float) -> LinkEvidence | None:
-        """This switch's evidence on a link it owns, from pulses that started at or after ``since``;
-        None if it does not judge that link."""
+    def owned_evidence(self, link: Link, since: float, loss: float) -> LinkEvidence | None:
+        """This switch's evidence on a link it owns, from pulses that started at or after ``since``, for an
+        alert of rate ``loss`` (its pulse timing, see :func:`evidence_from`); None if it does not judge
+        that link."""
         cell = self.owned_cells().get(link.name)
         if cell is None:
             return None
-        return evidence_from(self.ledger, cell, since, link.name, self.switch, link.name in self.open_loss_links())
+        return evidence_from(self.ledger, cell, since, link.name, self.switch, link.name in self.open_loss_links(),
+                             loss)
 
     def noise_factors(self) -> dict[str, float]:
         return {c.kind: c.noise.phi for c in self.checks}

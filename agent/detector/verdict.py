@@ -12,11 +12,36 @@ window: per judged pulse the owner's balance test gives a deficit ``r`` with
 null variance ``V`` and the deficit ``s`` a unit loss rate would cause; the
 sufficient statistics ``a = r s / V`` and ``b = s^2 / V`` summed over the window
 give the rate estimate ``q = sum a / sum b`` with standard deviation
-``1 / sqrt(sum b)``, widened when the window's pulses scatter more than that (see
-:func:`evidence_from`). The owner keeps them per pulse in a :class:`Ledger` (a
-bounded ring) and exports them like its alerts (no counters are exchanged).
-Only pulses that started at or after the onset count: evidence from before the
-fault cannot vote.
+``1 / sqrt(sum b)``, plus the timing of the window's edges, widened when the
+window's pulses scatter more than the model allows (see :func:`evidence_from`).
+The owner keeps them per pulse in a :class:`Ledger` (a bounded ring) and exports
+them like its alerts (no counters are exchanged). Only pulses that started at or
+after the onset count: evidence from before the fault cannot vote.
+
+Timing. A spine's balance compares a leaf's outflow with its inflow: different
+flows, whose progress can differ at a pulse boundary. A boundary that moves
+``H`` packets from one pulse to the next adds ``H`` to one pulse's deficit and
+takes it from the next one's: ``r_t = loss_t + H_t - H_{t-1}``. Summed over a
+window the inner boundaries cancel and its two edges stay: this part of the
+estimate's error falls as ``1/n`` over ``n`` pulses, and dominates the first two
+or three. The lag-1 autocovariance of the spines' per-pulse deficits gives
+``var(H)`` (``bench/pulse_timing.py``, on 27 live runs of a 2x2x2 ring allreduce
+with a 5% drop on leaf0->spine1, three or four busy loops beside it on two CPUs,
+shipped in bench/data/timing-2x2x2, and the 8 runs of tests/data/recorded-runs,
+4x4x2, 2% drops): under the fault the boundaries' sd is 0-1.7% of a pulse's
+expected count; before it mostly under 0.25% (the loss's own recovery stalls the
+ring). The model: Gaussian, with variance ``TIMING_VAR_PER_LOSS`` times the loss
+rate in squared shares of the expected count, the median of the runs' ratios
+(0.0015; quartiles 0.0001 and 0.0034): sd 0.87% at 5%, 0.55% at 2%, 0.39% at 1%.
+Without it two pulses that read -0.95% +- 1.40% settled "intact" on a 5%
+upstream loss (the project's CI, 2x2x2: a healthy link named; that run kept no
+pulses, and two edges that moved about 6% of a pulse's count explain the
+reading; tests/test_incidents.py has its numbers). Streams with boundaries drawn at the
+measured levels stay inside the 1/DECIDE_LR budget with it
+(tests/test_incidents.py). A busy machine also moves boundaries without any loss
+(1.0% before the fault in one run; DDP's first broadcast up to 4%), which the
+model does not count: at a small loss the verdict takes enough pulses for the
+edges not to matter.
 
 :func:`settle` compares the two hypotheses on the owner's estimate ``q``:
 
@@ -48,6 +73,9 @@ SLACK_S = 0.05         # pulses of one iteration start within this of each other
 # third of the time, and widening on that delayed 8 of 100 model verdicts by more than an iteration.
 SCATTER_PRIOR_DOF = 4.0
 HELD_BACK_Z = 3.0      # a pulse this far (sd) from the window's other pulses may have been held back
+# Variance of the share of a pulse's expected count that a boundary moves, per unit of the loss rate
+# (the loss's recovery episodes stall the ring: the variance grows with their number); see above.
+TIMING_VAR_PER_LOSS = 0.0015
 
 
 class Verdict(str, Enum):
@@ -77,55 +105,66 @@ class LinkEvidence:
                 "alert_open": self.alert_open}
 
 
+Row = tuple[float, float, float]   # one pulse's (a, b, bg) in a cell: bg = b * expected / s (see Ledger.add)
+
+
 class Ledger:
     """Per pulse and cell the sufficient statistics of an owner's test, for the last ``LEDGER_PULSES`` pulses."""
 
     def __init__(self, ncells: int, maxlen: int = LEDGER_PULSES) -> None:
         self.ncells = ncells
-        self.rows: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=maxlen)
+        self.rows: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=maxlen)
 
-    def add(self, start_time: float, r: np.ndarray, v: np.ndarray, s: np.ndarray, mask: np.ndarray) -> None:
-        a = np.where(mask, r * s / v, 0.0)
-        b = np.where(mask, s * s / v, 0.0)
-        self.rows.append((float(start_time), a, b, mask.astype(np.int64)))
+    def add(self, start_time: float, r: np.ndarray, v: np.ndarray, s: np.ndarray, expected: np.ndarray,
+            mask: np.ndarray) -> None:
+        """One pulse: per cell the deficit ``r``, its null variance ``v``, the deficit ``s`` a unit loss
+        rate causes and the expected count (what a pulse boundary's timing moves a share of)."""
+        ok = mask & (s > 0)
+        a = np.where(ok, r * s / v, 0.0)
+        b = np.where(ok, s * s / v, 0.0)
+        bg = np.where(ok, b * expected / np.where(ok, s, 1.0), 0.0)
+        self.rows.append((float(start_time), a, b, bg, ok.astype(np.int64)))
 
-    def window(self, cell: int, since: float) -> tuple[float, float, float, int]:
-        """(sum a, sum b, sum a^2/b, judged pulses) over pulses that started at or after ``since``, with a
-        pulse boundary's timing taken out (see :func:`fold_held_back`)."""
-        rows: list[tuple[float, float]] = []
+    def window(self, cell: int, since: float) -> list[Row]:
+        """The judged pulses that started at or after ``since``, in order, with a pulse boundary's timing
+        taken out (see :func:`fold_held_back`)."""
+        rows: list[Row] = []
         before = None                      # the pulse just before the window, if judged
-        for t, a, b, m in self.rows:
+        for t, a, b, bg, m in self.rows:
             judged = bool(m[cell]) and b[cell] > 0
+            row = (float(a[cell]), float(b[cell]), float(bg[cell]))
             if t >= since - SLACK_S:
                 if judged:
-                    rows.append((float(a[cell]), float(b[cell])))
+                    rows.append(row)
             else:
-                before = (float(a[cell]), float(b[cell])) if judged else None
-        rows = fold_held_back(rows, before)
-        return (sum(a for a, _ in rows), sum(b for _, b in rows), sum(a * a / b for a, b in rows), len(rows))
+                before = row if judged else None
+        return fold_held_back(rows, before)
 
     def state(self) -> list:
-        return [[t, a.tolist(), b.tolist(), m.tolist()] for t, a, b, m in self.rows]
+        return [[t, a.tolist(), b.tolist(), bg.tolist(), m.tolist()] for t, a, b, bg, m in self.rows]
 
     def load(self, rows: list) -> None:
         self.rows.clear()
-        for t, a, b, m in rows:
-            if len(a) != self.ncells:
+        for row in rows:
+            if len(row) != 5:
+                raise ValueError(f"saved ledger row has {len(row)} fields, expected 5 (an older agent's format)")
+            t, a, b, bg, m = row
+            if not len(a) == len(b) == len(bg) == len(m) == self.ncells:
                 raise ValueError(f"saved ledger has {len(a)} cells, expected {self.ncells}")
-            self.rows.append((float(t), np.asarray(a, float), np.asarray(b, float), np.asarray(m, np.int64)))
+            self.rows.append((float(t), np.asarray(a, float), np.asarray(b, float), np.asarray(bg, float),
+                              np.asarray(m, np.int64)))
 
 
-def _apart(row: tuple[float, float], rest: tuple[float, float]) -> float:
+def _apart(row: Row, rest: tuple[float, float]) -> float:
     """How many sd one pulse's rate stands from the estimate of the ``rest`` (sums of a and b), counting
     the rest's own uncertainty; 0 when there is no rest."""
-    (a, b), (ra, rb) = row, rest
+    (a, b, _), (ra, rb) = row, rest
     if rb <= 0:
         return 0.0
     return (a / b - ra / rb) / math.sqrt(1.0 / b + 1.0 / rb)
 
 
-def fold_held_back(rows: list[tuple[float, float]],
-                   before: tuple[float, float] | None = None) -> list[tuple[float, float]]:
+def fold_held_back(rows: list[Row], before: Row | None = None) -> list[Row]:
     """The window's pulses with a pulse boundary's timing taken out. A boundary that holds a leaf's
     packets back gives one pulse short and the next as much over (live, allgather, spine1 on a 2% loss:
     -8.5% then +10.9%, 1.1% sd each). Apart, the pair put chi^2 ~ 160 into the window's scatter, which
@@ -146,11 +185,12 @@ def fold_held_back(rows: list[tuple[float, float]],
     settled "intact" on a 2% loss). Any other lone outlier stays and widens the window's sd. In the
     model with 15% of pulse boundaries holding packets back, 22 of 800 upstream losses settled "intact"
     with the fold judged against the whole window's estimate, 7 of 800 with this one
-    (tests/test_incidents.py)."""
+    (tests/test_incidents.py). These are the gross moves (beyond ``HELD_BACK_Z`` sd); the smaller ones
+    are the timing term of :func:`evidence_from`."""
     if len(rows) < 2:
         return list(rows)
-    sa = sum(a for a, _ in rows)
-    sb = sum(b for _, b in rows)
+    sa = sum(r[0] for r in rows)
+    sb = sum(r[1] for r in rows)
     lim = HELD_BACK_Z
 
     def z(i: int, *without: int) -> float:
@@ -158,7 +198,7 @@ def fold_held_back(rows: list[tuple[float, float]],
         out_b = sum(rows[j][1] for j in (i, *without))
         return _apart(rows[i], (sa - out_a, sb - out_b))
 
-    out: list[tuple[float, float]] = []
+    out: list[Row] = []
     start = 0
     if before is not None:
         z0 = z(0)
@@ -170,7 +210,7 @@ def fold_held_back(rows: list[tuple[float, float]],
         if i + 1 < len(rows):
             zi, zj = z(i, i + 1), z(i + 1, i)
             if min(abs(zi), abs(zj)) > lim and zi * zj < 0:
-                out.append((rows[i][0] + rows[i + 1][0], rows[i][1] + rows[i + 1][1]))
+                out.append(tuple(x + y for x, y in zip(rows[i], rows[i + 1])))
                 i += 2
                 continue
         if i == len(rows) - 1 and i > start and abs(z(i)) > lim:
@@ -180,20 +220,53 @@ def fold_held_back(rows: list[tuple[float, float]],
     return out
 
 
-def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str, alert_open: bool) -> LinkEvidence:
-    """The owner's rate estimate over the window and its sd: the model's, or larger when the window's
-    pulses scatter more than the model allows (Birge ratio: ``chi^2 / (n - 1)`` of the per-pulse rates
-    ``a / b`` around ``q``, shrunk towards 1 by ``SCATTER_PRIOR_DOF``). Pulse boundaries on a busy
-    machine hold back a leaf's packets for one or two pulses: per-pulse rates of -5.5% and +4.6%
-    around a true 2% (live, allgather, spine1), with a model sd of 1.3% per pulse; a window that
-    caught one of them without its return settled "intact" at 100:1 and named a healthy link."""
-    sa, sb, saa, n = ledger.window(cell, since)
+def timing_share2(loss: float) -> float:
+    """Variance of the share of a pulse's expected count that one boundary moves, at a loss rate."""
+    return TIMING_VAR_PER_LOSS * max(loss, 0.0)
+
+
+def timing_variance(rows: list[Row], share2: float) -> float:
+    """Variance of the window's rate estimate from its pulse boundaries' timing (see the module
+    docstring): boundary ``t`` moves ``H_t ~ N(0, share2 e^2)`` packets from pulse ``t`` to pulse
+    ``t + 1``, and enters the estimate ``sum a / sum b`` with weight ``(s_t / v_t - s_{t+1} / v_{t+1}) /
+    sum b``; with ``e s / v = bg`` of each side's own pulse, over the window's ``n + 1`` boundaries
+    (the two edges included). Equal pulses: ``2 share2 (e / s)^2 / n^2``."""
+    sb = sum(r[1] for r in rows)
+    if sb <= 0:
+        return 0.0
+    g = [0.0] + [r[2] for r in rows] + [0.0]
+    return share2 * sum((g[i] - g[i + 1]) ** 2 for i in range(len(g) - 1)) / sb ** 2
+
+
+def scatter_ratio(chi2: float, n: int) -> float:
+    """The window's scatter against the model (Birge ratio ``chi^2 / (n - 1)``), shrunk towards 1 with
+    ``SCATTER_PRIOR_DOF`` degrees of freedom; never below 1."""
+    return max(1.0, (SCATTER_PRIOR_DOF + chi2) / (SCATTER_PRIOR_DOF + n - 1))
+
+
+def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str, alert_open: bool,
+                  loss: float) -> LinkEvidence:
+    """The owner's rate estimate over the window and its sd: the model's (the pulses' own noise and the
+    window's timing at the asking alert's ``loss`` rate, :func:`timing_variance`), or larger when the
+    window's pulses scatter more than the model allows (Birge ratio of the per-pulse rates ``a / b``
+    around ``q``, each with its own noise ``1 / b`` and its two boundaries' timing). The timing is the
+    fault's, whichever link it is on: the same under both of :func:`settle`'s hypotheses. Pulse
+    boundaries on a busy machine hold back a leaf's
+    packets for one or two pulses: per-pulse rates of -5.5% and +4.6% around a true 2% (live,
+    allgather, spine1), with a model sd of 1.3% per pulse; a window that caught one of them without its
+    return settled "intact" at 100:1 and named a healthy link."""
+    rows = ledger.window(cell, since)
+    n = len(rows)
+    sa = sum(r[0] for r in rows)
+    sb = sum(r[1] for r in rows)
     if sb <= 0:
         return LinkEvidence(link, owner, 0.0, math.inf, n, alert_open)
     q = sa / sb
-    chi2 = max(0.0, saa - q * sa)          # sum of b (a/b - q)^2, n - 1 degrees of freedom
-    scatter = (SCATTER_PRIOR_DOF + chi2) / (SCATTER_PRIOR_DOF + n - 1)
-    return LinkEvidence(link, owner, q, math.sqrt(max(1.0, scatter) / sb), n, alert_open)
+    share2 = timing_share2(loss)
+    # per pulse: (a/b - q)^2 against 1/b + the timing of its two boundaries, 2 share2 (bg / b)^2
+    chi2 = sum((a / b - q) ** 2 / (1.0 / b + 2.0 * share2 * (bg / b) ** 2) for a, b, bg in rows)
+    var = (1.0 / sb + timing_variance(rows, share2)) * scatter_ratio(chi2, n)
+    return LinkEvidence(link, owner, q, math.sqrt(var), n, alert_open)
 
 
 def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 2) -> tuple[Verdict, float]:
