@@ -102,8 +102,8 @@ def write_verdicts(directory: Path, det: SwitchDetector) -> None:
     """Export a detector's verdict evidence for agents in other processes (nothing if it gives none)."""
     if det.ledger is None:
         return
-    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells, "cells": det.owned_cells(),
-         "ledger": det.ledger.state(), "open_links": sorted(det.open_loss_links())}
+    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells,
+         "cells": det.owned_cells(), "ledger": det.ledger.state(), "open_links": sorted(det.open_loss_links())}
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / f"{det.switch}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -27,16 +27,17 @@ estimate's error falls as ``1/n`` over ``n`` pulses, and dominates the first two
 or three. The lag-1 autocovariance of the spines' per-pulse deficits gives
 ``var(H)`` (``bench/pulse_timing.py``, on 27 live runs of a 2x2x2 ring allreduce
 with a 5% drop on leaf0->spine1, three or four busy loops beside it on two CPUs,
-shipped in bench/data/timing-2x2x2, and the 8 runs of tests/data/recorded-runs,
-4x4x2, 2% drops): under the fault the boundaries' sd is 0-1.7% of a pulse's
-expected count; before it mostly under 0.25% (the loss's own recovery stalls the
-ring). The model: Gaussian, with variance ``TIMING_VAR_PER_LOSS`` times the loss
-rate in squared shares of the expected count, the median of the runs' ratios
-(0.0015; quartiles 0.0001 and 0.0034): sd 0.87% at 5%, 0.55% at 2%, 0.39% at 1%.
-Without it two pulses that read -0.95% +- 1.40% settled "intact" on a 5%
-upstream loss (the project's CI, 2x2x2: a healthy link named; that run kept no
-pulses, and two edges that moved about 6% of a pulse's count explain the
-reading; tests/test_incidents.py has its numbers). Streams with boundaries drawn at the
+shipped in bench/data/timing-2x2x2, and 8 of the 9 runs of
+tests/data/recorded-runs, 4x4x2, 2% drops; the ninth ends 4 pulses into its
+fault): under the fault the boundaries' sd is 0-1.7% of a pulse's expected
+count; before it mostly under 0.25% (the loss's own recovery stalls the ring).
+The model: Gaussian, with variance ``TIMING_VAR_PER_LOSS`` times the loss rate
+in squared shares of the expected count, the median of the runs' ratios (0.0015;
+quartiles 0.0001 and 0.0034): sd 0.87% at 5%, 0.55% at 2%, 0.39% at 1%. Without
+it two pulses that read -0.95% +- 1.40% settled "intact" on a 5% upstream loss
+(the project's CI, 2x2x2: a healthy link named; that run kept no pulses, and two
+edges that moved about 6% of a pulse's count explain the reading;
+tests/test_incidents.py has its numbers). Streams with boundaries drawn at the
 measured levels stay inside the 1/DECIDE_LR budget with it
 (tests/test_incidents.py). A busy machine also moves boundaries without any loss
 (1.0% before the fault in one run; DDP's first broadcast up to 4%), which the
@@ -251,10 +252,10 @@ def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str
     window's pulses scatter more than the model allows (Birge ratio of the per-pulse rates ``a / b``
     around ``q``, each with its own noise ``1 / b`` and its two boundaries' timing). The timing is the
     fault's, whichever link it is on: the same under both of :func:`settle`'s hypotheses. Pulse
-    boundaries on a busy machine hold back a leaf's
-    packets for one or two pulses: per-pulse rates of -5.5% and +4.6% around a true 2% (live,
-    allgather, spine1), with a model sd of 1.3% per pulse; a window that caught one of them without its
-    return settled "intact" at 100:1 and named a healthy link."""
+    boundaries on a busy machine hold back a leaf's packets for one or two pulses: per-pulse rates of
+    -5.5% and +4.6% around a true 2% (live, allgather, spine1), with a model sd of 1.3% per pulse; a
+    window that caught one of them without its return settled "intact" at 100:1 and named a healthy
+    link."""
     rows = ledger.window(cell, since)
     n = len(rows)
     sa = sum(r[0] for r in rows)
