@@ -19,6 +19,11 @@ from netns_testbed.topo import Fabric, FabricSpec
 EXPECTED = 4 / 3
 
 
+def add_rate(led: Ledger, i: int, q: float, sd: float, expected: float = EXPECTED) -> None:
+    """One pulse of a synthetic one-cell ledger: its rate ``q`` (s = 1), the pulse's own sd, started at ``i``."""
+    led.add(float(i), np.array([q]), np.array([sd ** 2]), np.array([1.0]), np.array([expected]), np.array([True]))
+
+
 def named(run) -> set[str]:
     return {e["link"] for e in run.incidents if e.get("link")}
 
@@ -170,8 +175,7 @@ def verdict_pulses(rng, owner_rate: float, owner_sd: float, leaf_rate: float, ho
         elif rng.random() < held_back:
             owed = rng.uniform(0.03, 0.12)
             q -= owed
-        led.add(float(i), np.array([q]), np.array([owner_sd ** 2]), np.array([1.0]), np.array([EXPECTED]),
-                np.array([True]))
+        add_rate(led, i, q, owner_sd)
         if i < before:
             continue
         v, _ = settle(evidence_from(led, 0, float(before), "leaf2->spine1", "spine1", False, leaf_rate),
@@ -213,8 +217,7 @@ def test_two_pulses_whose_edges_drifted_do_not_settle_an_upstream_loss_intact(mo
     def ledger(rates):
         led = Ledger(1)
         for i, q in enumerate(rates):
-            led.add(float(i), np.array([q]), np.array([0.0175 ** 2]), np.array([1.0]), np.array([2.0]),
-                    np.array([True]))
+            add_rate(led, i, q, 0.0175, 2.0)
         return led
 
     ci = [0.0097, -0.0287]                         # mean -0.95%, scattered as the CI's evidence was
@@ -250,8 +253,7 @@ def test_pulse_boundaries_at_the_measured_levels_stay_inside_the_wrong_link_budg
             h = rng.normal(0.0, 2.0 * sd_h)               # in rate units: expected / s = 2
             q = (0.05 if owner_lossy else 0.0) + rng.normal(0.0, 0.01) + h - h_prev
             h_prev = h
-            led.add(float(i), np.array([q]), np.array([0.0175 ** 2]), np.array([1.0]), np.array([2.0]),
-                    np.array([True]))
+            add_rate(led, i, q, 0.0175, 2.0)
             v, _ = settle(evidence_from(led, 0, 0.0, "leaf0->spine1", "spine1", False, 0.05), 0.05, 0.01)
             if v is not Verdict.UNDECIDED:
                 return i + 1, v
@@ -366,8 +368,7 @@ def test_a_held_back_pair_does_not_keep_a_verdict_undecided(monkeypatch, fold):
     led = Ledger(1)
     after_pair = []
     for i, q in enumerate(rates):
-        led.add(float(i), np.array([q]), np.array([0.011 ** 2]), np.array([1.0]), np.array([EXPECTED]),
-                np.array([True]))
+        add_rate(led, i, q, 0.011)
         v, _ = settle(evidence_from(led, 0, 0.0, "leaf2->spine1", "spine1", False, 0.02), 0.02, 0.004)
         if i >= 6:
             after_pair.append(v)

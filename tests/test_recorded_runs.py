@@ -10,7 +10,6 @@ import pytest
 
 import agent.detector.checks as checks
 from agent.detector import DetectorConfig
-from agent.detector.verdict import Ledger
 from analysis.replay import replay_dir
 from tests.test_detector import tail_rules_off
 
