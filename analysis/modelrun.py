@@ -19,6 +19,7 @@ from analysis.model import FabricModel, ModelSpec
 class ModelRun:
     alerts: list[dict] = field(default_factory=list)       # alert events, with "iteration"
     incidents: list[dict] = field(default_factory=list)    # incident events, with "iteration"
+    detectors: dict = field(default_factory=dict)          # switch -> its SwitchDetector, as the run left it
 
 
 def run_model(spec: ModelSpec, pulses: int, schedule: dict[int, dict[str, dict[str, float]]],
@@ -30,7 +31,7 @@ def run_model(spec: ModelSpec, pulses: int, schedule: dict[int, dict[str, dict[s
     dets = {sw: SwitchDetector(fab, sw, cfg, spec.spray, spec.weights, out_of_service or model.oos)
             for sw in fab.switches}
     tracker = IncidentTracker(fab, LocalEvidence(lambda: dets))
-    run = ModelRun()
+    run = ModelRun(detectors=dets)
     model.set_faults({}, {})
     for i in range(pulses):
         if i in schedule:

@@ -12,7 +12,15 @@ the owners' verdicts. Reported over all trials:
 * localized within one iteration of detection: an incident naming the faulty
   link at most one pulse after the first relevant alert;
 * localized at all (before the trial ends);
-* incidents naming a healthy link (must be zero), false alerts.
+* incidents naming a healthy link (must be zero), false alerts;
+* for a first alert that points at two links (a leaf's deficit on uplink K: its own ``spineK->leafM`` or
+  the upstream ``leafA->spineK``), the owner's information bound: the pulses any test needs on average
+  to tell the two apart at the tracker's odds (1/DECIDE_LR wrong either way) from the upstream owner's
+  per-pulse evidence at its noise (``agent.detector.verdict.sprt_pulses``, with the owner's per-pulse
+  sd of the rate, its ledger's ``1 / sqrt(b)``, median over the fault's pulses). A trial whose bound
+  exceeds the owner's pulses by one iteration after detection (detection's pulses plus one) cannot be
+  localized that fast by anything that reads the owner's evidence, only by luck. Drops only: a
+  corruption is named by the damaged frames its link's owner receives, which needs no verdict.
 
     python bench/localize.py --trials 100
     python bench/localize.py --trials 20 --shapes 32x64x4 --sizes 64 --onset 250 260   # paper scale
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -31,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.detector.verdict import sprt_pulses  # noqa: E402
 from analysis.model import ModelSpec  # noqa: E402
 from analysis.modelrun import run_model  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec, Link  # noqa: E402
@@ -41,6 +51,26 @@ SHAPES = ["2x2x1", "2x4x2", "3x3x2", "3x4x1", "4x2x2", "4x4x2", "4x4x1"]
 def shape(text: str) -> FabricSpec:
     leaves, spines, hosts = (int(x) for x in text.split("x"))
     return FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts, mtu=9000 if spines > 8 else 1500)
+
+
+def owner_bound(fab: Fabric, run, alert: dict, link: str, onset: int, rate: float) -> float | None:
+    """The owner's information bound for an alert that points at two links (see the module docstring):
+    None when the alert names its link alone. The upstream candidates' owners must each convict (the
+    faulty one) or clear (every one, for a fault on the alerting switch's own link) theirs."""
+    ups = [c for c in alert["candidates"] if fab.parse_link(c).dst != alert["switch"]]
+    if len(alert["candidates"]) < 2 or not ups:
+        return None
+    bounds = {}
+    for c in ups:
+        det = run.detectors.get(fab.parse_link(c).dst)
+        cell = det.owned_cells().get(c) if det else None
+        if cell is None:
+            continue                     # no switch judges it (a host's link, out of service): no verdict
+        bs = [float(b[cell]) for t, a, b, bg, m in det.ledger.rows if t >= onset and m[cell] and b[cell] > 0]
+        bounds[c] = sprt_pulses(rate, 1.0 / math.sqrt(statistics.median(bs))) if bs else math.inf
+    if not bounds:
+        return None
+    return bounds[link] if link in bounds else max(bounds.values())
 
 
 def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_range: tuple[int, int],
@@ -61,6 +91,8 @@ def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_rang
     rel = [a for a in alerts if a["iteration"] >= onset and (a["link"] == link or link in a["candidates"])]
     false = [a for a in alerts if a not in rel]
     first = min((a["iteration"] for a in rel), default=None)
+    first_alert = next((a for a in rel if a["iteration"] == first), None)
+    bound = owner_bound(fab, run, first_alert, link, onset, rate) if first_alert and kind == "drop" else None
     named = [e for e in run.incidents if e.get("link") and e["event"] != "resolved"]
     right = [e["iteration"] for e in named if e["link"] == link]
     wrong = sorted({e["link"] for e in named if e["link"] != link})
@@ -68,7 +100,9 @@ def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_rang
             "link": link, "kind": kind, "rate": rate, "onset": onset, "detected": first is not None,
             "iters_to_detect": None if first is None else first - onset + 1,
             "localized": bool(right), "iters_detect_to_localize": None if not right or first is None
-            else min(right) - first, "wrong_links": wrong, "false_alerts": len(false)}
+            else min(right) - first, "wrong_links": wrong, "false_alerts": len(false),
+            "owner_bound_pulses": None if bound is None else round(bound, 1),
+            "owner_pulses_by_one_iteration": None if first is None else first - onset + 2}
 
 
 def main() -> int:
@@ -93,14 +127,21 @@ def main() -> int:
         r = rows[-1]
         print(f"[{time.time() - t0:5.0f}s] {i + 1}/{args.trials} {r['shape']} {r['size_mib']}MiB {r['kind']} "
               f"{r['rate']:.2%} {r['link']}: detect {r['iters_to_detect']}, localize +{r['iters_detect_to_localize']}"
+              + (f" (owner's bound {r['owner_bound_pulses']} pulses)" if r["owner_bound_pulses"] is not None else "")
               + (f" WRONG {r['wrong_links']}" if r["wrong_links"] else ""), file=sys.stderr)
     n = len(rows)
     det = [r for r in rows if r["detected"]]
     quick = [r for r in det if r["iters_detect_to_localize"] is not None and r["iters_detect_to_localize"] <= 1]
     lags = [r["iters_detect_to_localize"] for r in det if r["iters_detect_to_localize"] is not None]
+
+    def beyond_bound(r: dict) -> bool:
+        return r["owner_bound_pulses"] is not None and r["owner_bound_pulses"] > r["owner_pulses_by_one_iteration"]
+
     summary = {"trials": n, "spray": args.spray, "detected": len(det),
                "median_iters_to_detect": statistics.median(r["iters_to_detect"] for r in det) if det else None,
                "localized_within_1_iter_of_detection": len(quick),
+               "not_within_1_iter_and_bound_needs_more_pulses": sum(beyond_bound(r) for r in det if r not in quick),
+               "within_1_iter_though_bound_needs_more_pulses": sum(beyond_bound(r) for r in quick),
                "localized_by_end": sum(r["localized"] for r in rows),
                "median_detect_to_localize": statistics.median(lags) if lags else None,
                "max_detect_to_localize": max(lags) if lags else None,

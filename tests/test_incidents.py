@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from agent.detector.verdict import DECIDE_LR, Ledger, LinkEvidence, Verdict, evidence_from, settle
+from agent.detector.verdict import DECIDE_LR, Ledger, LinkEvidence, Verdict, evidence_from, settle, sprt_pulses
 from agent.incidents import IncidentTracker, summarize
 from analysis.model import ModelSpec
 from analysis.modelrun import run_model
@@ -202,6 +202,30 @@ def test_verdict_time_and_wrong_link_rate_at_one_sd_per_pulse():
         n = np.array([k if k else 10 ** 6 for k, _ in down])
         assert np.median(n) <= 22 and (n > 100).mean() < 0.05, (sd, np.median(n), (n > 100).mean())
         assert sum(v is Verdict.UPSTREAM for _, v in down) / len(down) < 1 / DECIDE_LR
+
+
+def test_the_bound_the_sweep_reports_is_the_quickest_test_and_the_verdict_is_slower():
+    """bench/localize.py calls a fault information-bound when sprt_pulses exceeds the owner's pulses: the
+    sequential probability ratio test at the verdict's odds, on Gaussian per-pulse estimates, takes that
+    many pulses on average (plus its overshoot past the threshold: at most a tenth more and a pulse and a half),
+    wrong inside 1/DECIDE_LR; the
+    verdict, which also counts the leaf's uncertainty and the model error, takes at least as many."""
+    rng = np.random.default_rng(11)
+    lim = math.log(DECIDE_LR - 1)
+    for rate, sd in ((0.01, 0.02), (0.01, 0.01), (0.02, 0.01)):
+        bound = sprt_pulses(rate, sd)
+        for truth in (0.0, rate):
+            x = rng.normal(truth, sd, size=(20000, 400))
+            llr = np.cumsum(rate / sd ** 2 * (x - rate / 2), axis=1)
+            done = np.abs(llr) >= lim
+            n = done.argmax(axis=1) + 1
+            assert done.any(axis=1).all()
+            wrong = (llr[np.arange(len(n)), n - 1] > 0) != (truth > 0)
+            assert bound <= n.mean() <= 1.1 * bound + 1.5, (rate, sd, truth, bound, n.mean())
+            assert wrong.mean() < 1 / (DECIDE_LR - 1), (rate, sd, truth, wrong.mean())   # Wald: alpha / (1 - beta)
+        runs = [verdict_pulses(rng, rate, sd, rate, 400)[0] for _ in range(300)]
+        assert np.mean([k if k else 400 for k in runs]) >= bound, (rate, sd)
+    assert sprt_pulses(0.0, 0.01) == math.inf and sprt_pulses(0.01, 0.0) == math.inf
 
 
 def test_two_pulses_whose_edges_drifted_do_not_settle_an_upstream_loss_intact(monkeypatch):

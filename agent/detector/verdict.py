@@ -270,6 +270,21 @@ def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str
     return LinkEvidence(link, owner, q, math.sqrt(var), n, alert_open)
 
 
+def sprt_pulses(rate: float, sd: float) -> float:
+    """The fewest pulses on average in which any test tells a loss ``rate`` on the owner's link from none
+    at :func:`settle`'s odds (wrong either way with probability ``1 / DECIDE_LR``), from per-pulse
+    estimates of sd ``sd``: the sequential probability ratio test's expected sample size (Wald's
+    approximation, overshoot left out; the same under either hypothesis), which no test with those
+    error rates beats on average (Wald and Wolfowitz, 1948). :func:`settle` needs more: it counts the
+    leaf's uncertainty, the model error and the window's timing. ``bench/localize.py`` reports it per
+    fault: where it exceeds the pulses one iteration after detection gives, nothing that reads the
+    owner's evidence localizes that fast but by luck."""
+    if rate <= 0 or not sd > 0:
+        return math.inf
+    alpha = 1.0 / DECIDE_LR
+    return (1 - 2 * alpha) * math.log((1 - alpha) / alpha) / (rate * rate / (2 * sd * sd))
+
+
 def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 2) -> tuple[Verdict, float]:
     """Upstream or downstream for a downstream alert of estimated ``rate`` (sd ``rate_sd``), given the
     owner's evidence since the alert's onset; returns the verdict and the log-likelihood ratio (upstream
