@@ -20,22 +20,52 @@ if [ "$guest" -eq 1 ]; then "$here/scripts/guest-test.sh" --setup-only; fi
 cd "$here"
 py="$here/.venv/bin/python"
 common=(-q -p no:cacheprovider --timeout=900)
+# A SIGTERM, SIGINT or SIGHUP to this script goes to the pass that is running (pytest unwinds what it
+# built on SIGTERM) and no further pass starts; the script then exits 128 + the signal's number. Each
+# pass runs in the background so that the shell can take the signal while it waits.
+child=0
+stopped=0
+on_signal() {
+    stopped=$1
+    if [ "$child" -ne 0 ]; then kill -TERM "$child" 2>/dev/null || true; fi
+}
+trap 'on_signal 143' TERM
+trap 'on_signal 130' INT
+trap 'on_signal 129' HUP
+pass() {
+    "$@" &
+    child=$!
+    local rc
+    while :; do
+        wait "$child"
+        rc=$?
+        kill -0 "$child" 2>/dev/null || break   # wait returned for a signal: the pass still runs
+    done
+    child=0
+    return "$rc"
+}
 set +e
-"$py" -m pytest "${common[@]}" -n 2 --dist worksteal -m "not root" tests "$@"
+pass "$py" -m pytest "${common[@]}" -n 2 --dist worksteal -m "not root" tests "$@"
 first=$?
-"$py" -m pytest "${common[@]}" -m root tests "$@"
-second=$?
+second=0
+[ "$stopped" -ne 0 ] || { pass "$py" -m pytest "${common[@]}" -m root tests "$@"; second=$?; }
 third=0
-if [ $# -gt 0 ]; then
+if [ "$stopped" -ne 0 ]; then
+    :
+elif [ $# -gt 0 ]; then
     echo "test: pytest arguments given: the guest pass is left out (sudo scripts/guest-test.sh runs it)" >&2
 elif [ "$guest" -eq 0 ]; then
     echo "test: FLOWPULSE_GUEST=0: the guest pass (Debian's 6.1 kernel, netem) is left out" >&2
 else
     # the [bpf] twin of the real-job test is the backends' comparison (README), not a kernel check
-    "$here/scripts/guest-test.sh" -- --timeout=900 -rs tests/test_netem.py -k "not bpf"
+    pass "$here/scripts/guest-test.sh" -- --timeout=900 -rs tests/test_netem.py -k "not bpf"
     third=$?
 fi
 set -e
+if [ "$stopped" -ne 0 ]; then
+    echo "test: stopped by a signal: the running pass was told to stop, no further pass ran" >&2
+    exit "$stopped"
+fi
 # 5: nothing selected in that pass (e.g. a -k that names only root tests): not a failure if the other ran
 if [ "$first" -eq 5 ] && [ "$second" -ne 5 ]; then first=0; fi
 if [ "$second" -eq 5 ] && [ "$first" -ne 5 ]; then second=0; fi

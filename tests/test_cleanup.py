@@ -49,6 +49,45 @@ def test_sigterm_takes_the_testbed_down(tmp_path):
     assert not (OWNERS / prefix).exists()
 
 
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def test_sigterm_to_the_test_command_reaches_its_pass(tmp_path):
+    """A CI timeout or a `kill` that signals scripts/test.sh alone (not its process group): the pass that
+    runs gets the SIGTERM and unwinds its testbed, no further pass starts, and the script exits 143."""
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts/test.sh"), "-k", LIVE.split("::")[1],
+                             f"--basetemp={tmp_path / 'inner'}"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    prefix, inner = None, None
+    try:
+        deadline = time.monotonic() + 180
+        while prefix is None and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            for f in OWNERS.glob("tf*") if OWNERS.is_dir() else []:
+                owner = f.read_text().strip()
+                if owner.isdigit() and parent_of(int(owner)) == proc.pid \
+                        and len(list_testbeds().get(f.name, [])) >= 16:
+                    prefix, inner = f.name, int(owner)
+            time.sleep(0.2)
+        assert prefix is not None, "the test command's root pass built nothing in time"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-2000:]
+    assert "stopped by a signal" in err
+    assert parent_of(inner) is None                 # the pass itself is gone ...
+    assert prefix not in list_testbeds()            # ... and took its testbed down
+    assert not (OWNERS / prefix).exists()
+
+
 def test_sigkill_leftovers_go_with_the_next_run(tmp_path):
     inner = start_inner(tmp_path)
     try:
