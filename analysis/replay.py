@@ -31,6 +31,22 @@ def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: Det
     return events, judge.tracker.history
 
 
+def judged_run(path: Path, cfg: DetectorConfig | None = None) -> tuple[Judge, dict]:
+    """A run directory's pulses (``pulses/``) through a :class:`Judge` of its fabric, spray and links out
+    of service, in time order: the judge as the run left it (its detectors, ledgers and tracker) and the
+    run's report."""
+    from analysis.rundir import load_pulses
+
+    report = json.loads((Path(path) / "report.json").read_text())
+    spec = report["spec"]
+    fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
+    judge = Judge(fabric, cfg or DetectorConfig(), SprayMode.parse(spec["spray"]),
+                  fabric.parse_link_list(spec.get("out_of_service")))
+    for pc in in_time_order(load_pulses(Path(path) / "pulses")):
+        judge.observe(pc)
+    return judge, report
+
+
 def in_time_order(pulses: dict[str, list[PulseCounts]]) -> list[PulseCounts]:
     """Every switch's pulses in the order they ended (as a live agent of all switches sees them)."""
     order = sorted(((pc.end_time, i, sw, pc) for sw, seq in pulses.items() for i, pc in enumerate(seq)),

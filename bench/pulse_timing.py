@@ -17,7 +17,6 @@ A run directory holds report.json (spec, faults with their start times) and puls
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -26,11 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.detector import DetectorConfig  # noqa: E402
-from agent.feed import Judge  # noqa: E402
-from analysis.replay import in_time_order  # noqa: E402
-from analysis.rundir import load_pulses  # noqa: E402
-from netns_testbed.topo import Fabric, FabricSpec, SprayMode  # noqa: E402
+from analysis.replay import judged_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [*sorted((ROOT / "tests/data/recorded-runs").glob("*/report.json")),
@@ -39,11 +34,7 @@ SHIPPED = [*sorted((ROOT / "tests/data/recorded-runs").glob("*/report.json")),
 
 def boundary_sd(run: Path) -> tuple[float, dict[str, tuple[float, int]]]:
     """(the first fault's rate, per period: (boundary sd as a share of the expected count, pulse pairs))."""
-    report = json.loads((run / "report.json").read_text())
-    fabric = Fabric(FabricSpec.from_dict(report["spec"]["fabric"]))
-    judge = Judge(fabric, DetectorConfig(), SprayMode.parse(report["spec"]["spray"]))
-    for pc in in_time_order(load_pulses(run / "pulses")):
-        judge.observe(pc)
+    judge, report = judged_run(run)
     start = min(f["start"] for f in report["faults"] if f.get("start"))
     rate = min(f["rate"] for f in report["faults"] if f.get("start"))
     out: dict[str, tuple[float, int]] = {}

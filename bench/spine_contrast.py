@@ -23,7 +23,6 @@ Runtime: about 30 s on one core.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,14 +30,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.detector import DetectorConfig  # noqa: E402
 from agent.detector.verdict import SLACK_S  # noqa: E402
-from agent.feed import Judge  # noqa: E402
 from analysis.model import ModelSpec  # noqa: E402
 from analysis.modelrun import run_model  # noqa: E402
-from analysis.replay import in_time_order  # noqa: E402
-from analysis.rundir import load_pulses  # noqa: E402
-from netns_testbed.topo import Fabric, FabricSpec, SprayMode  # noqa: E402
+from analysis.replay import judged_run  # noqa: E402
+from netns_testbed.topo import FabricSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = [*sorted((ROOT / "tests/data/recorded-runs").glob("*/report.json")),
@@ -81,13 +77,9 @@ def own_and_contrast(detectors: dict, until: float) -> tuple[float, float, float
 
 
 def live(report: Path) -> tuple[str, float, float, float, int]:
-    spec = json.loads(report.read_text())
-    fabric = Fabric(FabricSpec.from_dict(spec["spec"]["fabric"]))
-    judge = Judge(fabric, DetectorConfig(), SprayMode.parse(spec["spec"]["spray"]))
-    for pc in in_time_order(load_pulses(report.parent / "pulses")):
-        judge.observe(pc)
+    judge, spec = judged_run(report.parent)
     start = min(f["start"] for f in spec["faults"] if f.get("start"))
-    f = fabric.spec
+    f = judge.fabric.spec
     return (f"live {f.leaves}x{f.spines}x{f.hosts_per_leaf} {report.parent.name}",
             *own_and_contrast(judge.detectors, start))
 
