@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,22 @@ def test_sigterm_takes_the_testbed_down(tmp_path):
     assert not (OWNERS / prefix).exists()
 
 
+@contextmanager
+def group_killed_on_exit(proc: subprocess.Popen):
+    """Whatever happens in the block, ``proc``'s process group (``start_new_session``) is gone after it."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def sigterm_and_wait(proc: subprocess.Popen, timeout: float = 90.0) -> str:
+    """SIGTERM to ``proc`` alone (not its group, as `kill` or a CI timeout may); its stderr once it exits."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.communicate(timeout=timeout)[1]
+
+
 def parent_of(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -65,7 +82,7 @@ def test_sigterm_to_the_test_command_reaches_its_pass(tmp_path):
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     prefix, inner = None, None
-    try:
+    with group_killed_on_exit(proc):
         deadline = time.monotonic() + 180
         while prefix is None and time.monotonic() < deadline:
             assert proc.poll() is None, proc.stderr.read()[-2000:]
@@ -76,11 +93,7 @@ def test_sigterm_to_the_test_command_reaches_its_pass(tmp_path):
                     prefix, inner = f.name, int(owner)
             time.sleep(0.2)
         assert prefix is not None, "the test command's root pass built nothing in time"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        err = sigterm_and_wait(proc)
     assert proc.returncode == 143, err[-2000:]
     assert "stopped by a signal" in err
     assert parent_of(inner) is None                 # the pass itself is gone ...
@@ -136,7 +149,7 @@ def test_sigterm_to_experiment_mid_run_leaves_nothing(tmp_path):
                              "--idle-ms", "100", "--out", str(out), "--no-plots"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    try:
+    with group_killed_on_exit(proc):
         progress = out / "workload" / "progress.jsonl"
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not (progress.exists() and progress.read_text().count("end") >= 2):
@@ -144,11 +157,7 @@ def test_sigterm_to_experiment_mid_run_leaves_nothing(tmp_path):
             time.sleep(0.2)
         assert progress.exists(), "the job never ran"
         assert processes_mentioning(str(out / "workload")), "no rank running when signalled"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        err = sigterm_and_wait(proc)
     assert proc.returncode == 143, err[-2000:]
     assert "stopped by signal 15" in err
     assert leftovers(prefix) == {"namespaces": [], "mounts": [], "state": False, "lock": False}
