@@ -207,9 +207,9 @@ def test_verdict_time_and_wrong_link_rate_at_one_sd_per_pulse():
 def test_the_bound_the_sweep_reports_is_the_quickest_test_and_the_verdict_is_slower():
     """bench/localize.py calls a fault information-bound when sprt_pulses exceeds the owner's pulses: the
     sequential probability ratio test at the verdict's odds, on Gaussian per-pulse estimates, takes that
-    many pulses on average (plus its overshoot past the threshold: at most a tenth more and a pulse and a half),
-    wrong inside 1/DECIDE_LR; the
-    verdict, which also counts the leaf's uncertainty and the model error, takes at least as many."""
+    many pulses on average (plus its overshoot past the threshold: at most a tenth more and a pulse and
+    a half), wrong inside Wald's 1/(DECIDE_LR - 1); the verdict, which also counts the leaf's
+    uncertainty and the model error, takes at least as many."""
     rng = np.random.default_rng(11)
     lim = math.log(DECIDE_LR - 1)
     for rate, sd in ((0.01, 0.02), (0.01, 0.01), (0.02, 0.01)):
