@@ -15,6 +15,7 @@ model gives one pulse (``1 / sqrt(b)``, "modelled"):
 
     .venv/bin/python bench/spine_contrast.py
     .venv/bin/python bench/spine_contrast.py --shapes 2x2x1:4 4x4x2:1 --no-live
+    .venv/bin/python bench/spine_contrast.py RUN_DIR [RUN_DIR...] --shapes   # experiment runs (--out) alone
 
 A contrast well below the own sd says the noise is common (a contrast of the owners' exported
 evidence would localize faster); about sqrt(S / (S - 1)) times the own sd says each spine's is its own.
@@ -97,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="example: .venv/bin/python bench/spine_contrast.py",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="*", type=Path, help="experiment run directories with a fault (default: the shipped ones)")
     ap.add_argument("--shapes", nargs="*", default=MODEL, metavar="LxSxH:MiB", help="model shapes and sizes")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-live", action="store_true", help="skip the shipped live runs")
+    ap.add_argument("--no-live", action="store_true", help="skip the live runs")
     args = ap.parse_args(argv)
     for s in args.shapes:
         try:
@@ -109,7 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             print(f"spine_contrast: bad shape {s!r}: give LxSxH:MiB, e.g. 4x4x2:1", file=sys.stderr)
             return 2
-    rows = ([] if args.no_live else [live(r) for r in LIVE]) + [model(s, args.seed) for s in args.shapes]
+    for r in args.runs:
+        if not (r / "report.json").is_file() or not (r / "pulses").is_dir():
+            print(f"spine_contrast: {r} is not a run directory (report.json and pulses/): give an experiment's --out",
+                  file=sys.stderr)
+            return 2
+    runs = [r / "report.json" for r in args.runs] or LIVE
+    rows = ([] if args.no_live else [live(r) for r in runs]) + [model(s, args.seed) for s in args.shapes]
     print(f"{'source':50s} {'own sd':>8s} {'contrast':>9s} {'ratio':>6s} {'modelled':>9s} {'pulses':>7s}")
     for name, own, con, mod, n in rows:
         print(f"{name:50s} {own:8.3%} {con:9.3%} {con / own if own else float('nan'):6.2f} {mod:9.3%} {n:7d}")
