@@ -48,6 +48,13 @@ def claim(out: Path, force: bool) -> None:
                 p.unlink()
 
 
+def check_replayable(run: Path) -> None:
+    """Refuse a directory that does not hold a finished run's ``report.json`` and ``pulses/`` (what a
+    replay of the run reads)."""
+    if not (run / "report.json").is_file() or not (run / "pulses").is_dir():
+        raise SpecError(f"{run} is not a run directory (report.json and pulses/): give an experiment's --out")
+
+
 def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:
     """Every switch's recorded pulses under ``directory`` (a run's ``pulses/``)."""
     out: dict[str, list[PulseCounts]] = {}

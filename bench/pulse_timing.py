@@ -26,6 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.replay import judged_run  # noqa: E402
+from analysis.rundir import check_replayable  # noqa: E402
+from netns_testbed.errors import SpecError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = [*sorted((ROOT / "tests/data/recorded-runs").glob("*/report.json")),
@@ -62,11 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="*", type=Path, help="run directories (default: the shipped ones)")
     args = ap.parse_args(argv)
     runs = args.runs or [p.parent for p in SHIPPED]
-    for r in runs:
-        if not (r / "report.json").is_file() or not (r / "pulses").is_dir():
-            print(f"pulse_timing: {r} is not a run directory (report.json and pulses/): give an experiment's --out",
-                  file=sys.stderr)
-            return 2
+    try:
+        for r in runs:
+            check_replayable(r)
+    except SpecError as e:
+        print(f"pulse_timing: {e}", file=sys.stderr)
+        return 2
     ratios = []
     print(f"{'run':40s} {'loss':>6s} {'before':>8s} {'fault':>8s} {'pairs':>6s} {'var/loss':>9s}")
     for r in runs:

@@ -35,11 +35,11 @@ from agent.detector.verdict import SLACK_S  # noqa: E402
 from analysis.model import ModelSpec  # noqa: E402
 from analysis.modelrun import run_model  # noqa: E402
 from analysis.replay import judged_run  # noqa: E402
+from analysis.rundir import check_replayable  # noqa: E402
+from netns_testbed.errors import SpecError  # noqa: E402
 from netns_testbed.topo import FabricSpec  # noqa: E402
+from pulse_timing import SHIPPED  # noqa: E402  (the shipped live runs, beside this script)
 
-ROOT = Path(__file__).resolve().parents[1]
-LIVE = [*sorted((ROOT / "tests/data/recorded-runs").glob("*/report.json")),
-        *sorted((ROOT / "bench/data/timing-2x2x2").glob("*/report.json"))]
 MODEL = ["2x2x1:4", "2x4x2:1", "3x3x2:1", "3x4x1:1", "4x2x2:4", "4x4x2:1", "4x4x1:16"]
 
 
@@ -55,10 +55,10 @@ def own_and_contrast(detectors: dict, until: float) -> tuple[float, float, float
     ncells = detectors[spines[0]].ledger.ncells
     own, con, modelled, pulses = [], [], [], 0
     for cell in range(ncells):
-        per = [{t: float(a[cell] / b[cell]) for t, a, b, bg, m in detectors[s].ledger.rows
-                if t < until and m[cell] and b[cell] > 0} for s in spines]
-        modelled += [float(b[cell]) ** -0.5 for s in spines for t, a, b, bg, m in detectors[s].ledger.rows
-                     if t < until and m[cell] and b[cell] > 0]
+        judged = [[(t, float(a[cell] / b[cell]), float(b[cell]) ** -0.5) for t, a, b, bg, m in detectors[s].ledger.rows
+                   if t < until and m[cell] and b[cell] > 0] for s in spines]
+        modelled += [sd for rows_s in judged for _, _, sd in rows_s]
+        per = [{t: r for t, r, _ in rows_s} for rows_s in judged]
         rows = []
         for t0, r0 in sorted(per[0].items()):
             match = [next((r for t, r in p.items() if abs(t - t0) <= SLACK_S), None) for p in per[1:]]
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="example: .venv/bin/python bench/spine_contrast.py",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="*", type=Path, help="experiment run directories with a fault (default: the shipped ones)")
+    ap.add_argument("runs", nargs="*", type=Path,
+                    help="experiment run directories with a fault (default: the shipped ones)")
     ap.add_argument("--shapes", nargs="*", default=MODEL, metavar="LxSxH:MiB", help="model shapes and sizes")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-live", action="store_true", help="skip the live runs")
@@ -111,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             print(f"spine_contrast: bad shape {s!r}: give LxSxH:MiB, e.g. 4x4x2:1", file=sys.stderr)
             return 2
-    for r in args.runs:
-        if not (r / "report.json").is_file() or not (r / "pulses").is_dir():
-            print(f"spine_contrast: {r} is not a run directory (report.json and pulses/): give an experiment's --out",
-                  file=sys.stderr)
-            return 2
-    runs = [r / "report.json" for r in args.runs] or LIVE
+    try:
+        for r in args.runs:
+            check_replayable(r)
+    except SpecError as e:
+        print(f"spine_contrast: {e}", file=sys.stderr)
+        return 2
+    runs = [r / "report.json" for r in args.runs] or SHIPPED
     rows = ([] if args.no_live else [live(r) for r in runs]) + [model(s, args.seed) for s in args.shapes]
     print(f"{'source':50s} {'own sd':>8s} {'contrast':>9s} {'ratio':>6s} {'modelled':>9s} {'pulses':>7s}")
     for name, own, con, mod, n in rows:

@@ -61,6 +61,20 @@ def test_out_that_holds_a_run_or_a_file_is_refused(tmp_path):
     check_out(tmp_path / "new", force=False)      # a new directory is fine
 
 
+def test_a_replay_refuses_what_is_not_a_finished_run(tmp_path):
+    """The benches that replay run directories check each one before reading any: report.json and pulses/."""
+    from analysis.rundir import check_replayable
+
+    run = tmp_path / "run"
+    (run / "pulses").mkdir(parents=True)
+    with pytest.raises(SpecError, match="not a run directory"):
+        check_replayable(run)                      # no report.json yet: the run did not finish
+    (run / "report.json").write_text("{}")
+    check_replayable(run)
+    with pytest.raises(SpecError, match="not a run directory"):
+        check_replayable(tmp_path / "missing")
+
+
 def test_bad_yaml(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("fabric: {leaves: 2\n")
