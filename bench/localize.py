@@ -21,6 +21,10 @@ the owners' verdicts. Reported over all trials:
   exceeds the owner's pulses by one iteration after detection (detection's pulses plus one) cannot be
   localized that fast by anything that reads the owner's evidence, only by luck. Drops only: a
   corruption is named by the damaged frames its link's owner receives, which needs no verdict.
+* beside it, the same bound for a contrast of the spines' evidence (the owner's per-pulse rate less the
+  other spines' mean on the same leaf's uplinks; not built), at its healthy per-pulse sd before the
+  onset. The model's spines share most of their healthy noise, live ones far less
+  (``bench/spine_contrast.py``): this is what a contrast buys in the model, not a live promise.
 
     python bench/localize.py --trials 100
     python bench/localize.py --trials 20 --shapes 32x64x4 --sizes 64 --onset 250 260   # paper scale
@@ -53,24 +57,59 @@ def shape(text: str) -> FabricSpec:
     return FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts, mtu=9000 if spines > 8 else 1500)
 
 
-def owner_bound(fab: Fabric, run, alert: dict, link: str, onset: int, rate: float) -> float | None:
-    """The owner's information bound for an alert that points at two links (see the module docstring):
-    None when the alert names its link alone. The upstream candidates' owners must each convict (the
-    faulty one) or clear (every one, for a fault on the alerting switch's own link) theirs."""
+def upstream_cells(fab: Fabric, run, alert: dict) -> list[tuple[str, str, int]] | None:
+    """For an alert that points at two links, its upstream candidates that a switch judges: (link, owner,
+    ledger cell); None when the alert names its link alone. The upstream candidates' owners must each
+    convict (the faulty one) or clear (every one, for a fault on the alerting switch's own link) theirs."""
     ups = [c for c in alert["candidates"] if fab.parse_link(c).dst != alert["switch"]]
     if len(alert["candidates"]) < 2 or not ups:
         return None
-    bounds = {}
+    out = []
     for c in ups:
-        det = run.detectors.get(fab.parse_link(c).dst)
+        owner = fab.parse_link(c).dst
+        det = run.detectors.get(owner)
         cell = det.owned_cells().get(c) if det else None
-        if cell is None:
-            continue                     # no switch judges it (a host's link, out of service): no verdict
-        bs = [float(b[cell]) for t, a, b, bg, m in det.ledger.rows if t >= onset and m[cell] and b[cell] > 0]
-        bounds[c] = sprt_pulses(rate, 1.0 / math.sqrt(statistics.median(bs))) if bs else math.inf
+        if cell is not None:                 # else no switch judges it (a host's link, out of service)
+            out.append((c, owner, cell))
+    return out
+
+
+def worst(bounds: dict[str, float], link: str) -> float | None:
     if not bounds:
         return None
     return bounds[link] if link in bounds else max(bounds.values())
+
+
+def owner_bound(fab: Fabric, run, alert: dict, link: str, onset: int, rate: float) -> float | None:
+    """The owner's information bound for an alert that points at two links (see the module docstring):
+    None when the alert names its link alone."""
+    bounds = {}
+    for c, owner, cell in upstream_cells(fab, run, alert) or []:
+        bs = [float(b[cell]) for t, a, b, bg, m in run.detectors[owner].ledger.rows
+              if t >= onset and m[cell] and b[cell] > 0]
+        bounds[c] = sprt_pulses(rate, 1.0 / math.sqrt(statistics.median(bs))) if bs else math.inf
+    return worst(bounds, link)
+
+
+def contrast_bound(fab: Fabric, run, alert: dict, link: str, onset: int, rate: float) -> float | None:
+    """The same bound for a contrast of the owners' evidence (not built: what it would buy): the upstream
+    owner's per-pulse rate less the mean of the other spines' rates on the same source leaf's uplinks, at
+    the contrast's healthy per-pulse sd (root mean square over the pulses before the onset that every
+    spine judged). Noise the spines share cancels in it; the signal is taken as the fault's rate, as for
+    the owner's bound. None where no other spine judges the leaf's uplinks."""
+    bounds = {}
+    for c, owner, cell in upstream_cells(fab, run, alert) or []:
+        src = fab.parse_link(c).src
+        others = [s for s in fab.spines if s != owner and run.detectors[s].owned_cells().get(f"{src}->{s}") == cell]
+
+        def rates(sw: str) -> dict[float, float]:
+            return {round(t, 3): float(a[cell] / b[cell]) for t, a, b, bg, m in run.detectors[sw].ledger.rows
+                    if t < onset and m[cell] and b[cell] > 0}
+        own, rest = rates(owner), [rates(s) for s in others]
+        con = [r - sum(o[t] for o in rest) / len(rest) for t, r in own.items() if rest and all(t in o for o in rest)]
+        if len(con) >= 10:
+            bounds[c] = sprt_pulses(rate, math.sqrt(sum(x * x for x in con) / len(con)))
+    return worst(bounds, link)
 
 
 def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_range: tuple[int, int],
@@ -93,6 +132,7 @@ def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_rang
     first = min((a["iteration"] for a in rel), default=None)
     first_alert = next((a for a in rel if a["iteration"] == first), None)
     bound = owner_bound(fab, run, first_alert, link, onset, rate) if first_alert and kind == "drop" else None
+    cbound = contrast_bound(fab, run, first_alert, link, onset, rate) if bound is not None else None
     named = [e for e in run.incidents if e.get("link") and e["event"] != "resolved"]
     right = [e["iteration"] for e in named if e["link"] == link]
     wrong = sorted({e["link"] for e in named if e["link"] != link})
@@ -102,6 +142,7 @@ def trial(seed: int, shapes: list[str], sizes: list[int], spray: str, onset_rang
             "localized": bool(right), "iters_detect_to_localize": None if not right or first is None
             else min(right) - first, "wrong_links": wrong, "false_alerts": len(false),
             "owner_bound_pulses": None if bound is None else round(bound, 1),
+            "contrast_bound_pulses": None if cbound is None else round(cbound, 1),
             "owner_pulses_by_one_iteration": None if first is None else first - onset + 2}
 
 
@@ -127,7 +168,8 @@ def main() -> int:
         r = rows[-1]
         print(f"[{time.time() - t0:5.0f}s] {i + 1}/{args.trials} {r['shape']} {r['size_mib']}MiB {r['kind']} "
               f"{r['rate']:.2%} {r['link']}: detect {r['iters_to_detect']}, localize +{r['iters_detect_to_localize']}"
-              + (f" (owner's bound {r['owner_bound_pulses']} pulses)" if r["owner_bound_pulses"] is not None else "")
+              + (f" (owner's bound {r['owner_bound_pulses']} pulses, a contrast's {r['contrast_bound_pulses']})"
+                 if r["owner_bound_pulses"] is not None else "")
               + (f" WRONG {r['wrong_links']}" if r["wrong_links"] else ""), file=sys.stderr)
     n = len(rows)
     det = [r for r in rows if r["detected"]]
@@ -142,6 +184,9 @@ def main() -> int:
                "localized_within_1_iter_of_detection": len(quick),
                "not_within_1_iter_and_bound_needs_more_pulses": sum(beyond_bound(r) for r in det if r not in quick),
                "within_1_iter_though_bound_needs_more_pulses": sum(beyond_bound(r) for r in quick),
+               "not_within_1_iter_and_a_contrasts_bound_needs_more": sum(
+                   r["contrast_bound_pulses"] is not None and r["contrast_bound_pulses"] > r["owner_pulses_by_one_iteration"]
+                   for r in det if r not in quick),
                "localized_by_end": sum(r["localized"] for r in rows),
                "median_detect_to_localize": statistics.median(lags) if lags else None,
                "max_detect_to_localize": max(lags) if lags else None,
