@@ -11,9 +11,13 @@ Counts are floats, so nothing is rounded away.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from agent.detector.checks import rrdst_unit
+from agent.detector.config import DetectorConfig
+from agent.detector.evidence import Repair, reverse_llr
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
@@ -51,3 +55,23 @@ def leaf_pulses(spray: SprayMode, phi: float, n: float, pulses: int, rng: np.ran
             ip[S, 1, src] = c.sum()                # delivered to host 0
         out.append(PulseCounts("leaf0", t + 1, ip, np.zeros((6, 2)), start_time=float(t), end_time=t + 0.5))
     return out
+
+
+MIN_RATE, CLEAR_LR = DetectorConfig().min_rate, DetectorConfig().clear_lr
+
+
+def repair_run(rng, delta: float, ln_a: float, repair_at: int | None, n_max: int) -> int | None:
+    """One alert's repair test on a Gaussian stream of known truth: a loss of ``delta`` sd per pulse (its
+    deficit with the loss's own binomial variance on top), repaired before pulse ``repair_at`` (None: it
+    stays). The pulse it resolves at (counted from the repair), or None."""
+    v, s = 100.0, 1000.0
+    mu = delta * math.sqrt(v)
+    rep = Repair()
+    for t in range(1, n_max + 1):
+        m = mu if repair_at is None or t < repair_at else 0.0
+        r = float(rng.normal(m, math.sqrt(v + m)))
+        rep.observe([(r, v, s)])
+        rate = max(rep.rate(1.5 * mu / s), MIN_RATE)
+        if rep.step(reverse_llr(r, v, rate * s), (rate * s) ** 2 / v, ln_a, math.log(CLEAR_LR)):
+            return t if repair_at is None else t - repair_at
+    return None

@@ -19,11 +19,12 @@ import pytest
 from agent.detector import DetectorConfig, Model, SwitchDetector
 import agent.detector.checks as checks
 from agent.detector.arl import arl_brook_evans, thresholds
+from agent.detector.evidence import repair_ln_arl
 from agent.detector.checks import peer_prior
 from agent.pulse import PulseCounts
 from analysis.model import FabricModel, ModelSpec
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
-from tests.synthetic import FABRIC, leaf_pulses, unit_variance
+from tests.synthetic import FABRIC, leaf_pulses, repair_run, unit_variance
 
 MiB = 1 << 20
 RR, RRDST, RANDOM = SprayMode.RR, SprayMode.RRDST, SprayMode.RANDOM
@@ -157,6 +158,28 @@ def test_targets_any_onset(spray, size, rate, budget, at_start, onset):
     assert statistics.median(delays) <= allowed, (spray, rate, onset, delays)
 
 
+@pytest.mark.parametrize("delta", [0.5, 1.0, 2.0])
+def test_a_loss_that_stays_keeps_its_alert_as_long_as_its_budget_says(delta):
+    """The repair test's false-repair budget on streams with known truth. With a budget of one false
+    repair per 300 pulses the mean run length to a false repair is at least that (the held rate's lower
+    bound makes it longer than the table's 300). At the default budget (86,400 pulses) at most 1% of the
+    alerts resolve during the 50 pulses of their loss (bench/repair.py --streams: 1 of 200 at 0.5 sd per
+    pulse, none at 1 and 2; held at the estimate itself instead of its lower bound, 50 of 200 at 0.5 sd),
+    and after the repair the alert resolves in a median of at most twice the table's ``h / (delta^2 /
+    2)`` pulses at delta 1 and 2 (the bound's rate is below the loss's own; at 0.5 sd per pulse it
+    takes a few times that: under 400 pulses)."""
+    rng = np.random.default_rng(int(delta * 10))
+    runs = [repair_run(rng, delta, math.log(300), None, 3000) or 3000 for _ in range(150)]
+    assert np.mean(runs) >= 300, (delta, np.mean(runs), np.percentile(runs, [10, 50]))
+    ln_day = repair_ln_arl(DetectorConfig().false_clears_per_day, DetectorConfig().pulse_hz)
+    lags = [repair_run(rng, delta, ln_day, 50, 2000) for _ in range(150)]
+    early = [x for x in lags if x is not None and x < 0]
+    assert len(early) <= 0.01 * len(lags), sorted(early)
+    h = float(thresholds(np.array([delta]), ln_day)[0])
+    allowed = 400 if delta < 1 else 2 * h / (delta ** 2 / 2)
+    assert np.median([2000 if x is None else x for x in lags]) <= allowed, (delta, np.median(lags), allowed)
+
+
 def test_learning_is_not_poisoned_by_a_fault_present_from_the_start():
     """rr, 0.5% from the first pulse: the noise factor learned meanwhile stays near the healthy one."""
     spec = ModelSpec(spray="rr", seed=4, faults={"spine1->leaf2": 0.005})
@@ -193,7 +216,11 @@ def test_job_changes_raise_nothing_and_a_fault_in_the_last_job_is_caught():
 
 
 @pytest.mark.parametrize("spray,kind", [("rrdst", "drop"), ("rr", "drop"), ("rrdst", "corrupt")])
-def test_alert_resolves_within_10_pulses_of_the_repair(spray, kind):
+def test_alert_resolves_soon_after_the_repair(spray, kind):
+    """Every alert resolves after the repair, none before it; the leaves' within 10 pulses. The spine's
+    loss alert of the corruption (its damaged frames are dropped) carries 1.1 sd per pulse at its held
+    rate, and the repair test's budget (one false repair a day: 9.6 nats there) asks about 15 pulses of
+    it (10 in this run); it has 20."""
     faults = {"spine1->leaf2": 0.01} if kind == "drop" else {}
     corrupt = {"leaf2->spine1": 0.015} if kind == "corrupt" else {}
     spec = ModelSpec(spray=spray, seed=5, faults=faults, corrupt=corrupt)
@@ -201,7 +228,7 @@ def test_alert_resolves_within_10_pulses_of_the_repair(spray, kind):
     opened = {a.alert_id for _, a in alerts(events)}
     resolved = {a.alert_id: i for i, a in events if a.event == "resolved"}
     assert opened and set(resolved) == opened
-    assert all(60 <= i < 70 for i in resolved.values()), resolved
+    assert all(60 <= i < (70 if aid.startswith("leaf") else 80) for aid, i in resolved.items()), resolved
     assert all(not d.active for d in dets.values())
 
 

@@ -5,11 +5,14 @@ source leaf through that port) feed one alert, so one fault raises one alert
 per switch that sees it. Its lifecycle: ``alert`` when a CUSUM first crosses
 its threshold, ``update`` when the named link or the rate estimate changes
 (or every ``update_every`` pulses while it lasts), ``resolved`` when the
-reverse test has seen ``clear_lr``:1 evidence that the loss is gone.
+repair test has seen the evidence its budget asks that the loss is gone
+(:class:`agent.detector.evidence.Repair`).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+
+from agent.detector.evidence import Repair
 
 
 @dataclass
@@ -52,17 +55,19 @@ class Alert:
 class OpenAlert:
     alert: Alert                                   # the last event published
     cells: set[tuple[int, tuple]]                  # (check index, cell index) that alarmed
-    reverse: float = 0.0                           # reverse-test statistic (nats)
+    repair: Repair = field(default_factory=Repair)  # the repair test
     last_event_pulse: int = 0
-    ref_rate: float = 0.0                          # largest rate estimated while open (reverse test)
+    ref_rate: float = 0.0                          # largest rate estimated while open: the damaged-frame
+                                                   # cells' repair alternative, and the loss cells' until a
+                                                   # pulse is judged
 
     def state(self) -> dict:
         return {"alert": self.alert.to_dict(), "cells": [[i, list(c)] for i, c in sorted(self.cells)],
-                "reverse": self.reverse, "last_event_pulse": self.last_event_pulse, "ref_rate": self.ref_rate}
+                **self.repair.state(), "last_event_pulse": self.last_event_pulse, "ref_rate": self.ref_rate}
 
     @classmethod
     def from_state(cls, d: dict) -> "OpenAlert":
-        return cls(Alert.from_dict(d["alert"]), {(int(i), tuple(c)) for i, c in d["cells"]}, float(d["reverse"]),
+        return cls(Alert.from_dict(d["alert"]), {(int(i), tuple(c)) for i, c in d["cells"]}, Repair.from_state(d),
                    int(d["last_event_pulse"]), float(d["ref_rate"]))
 
 
@@ -75,7 +80,7 @@ class AlertBook:
         """Record an alarm; return the event to publish (alert or update), if any."""
         cur = self.open.get(alert.alert_id)
         if cur is None:
-            self.open[alert.alert_id] = OpenAlert(alert, set(cells), 0.0, pulse, alert.estimated_rate)
+            self.open[alert.alert_id] = OpenAlert(alert, set(cells), Repair(), pulse, alert.estimated_rate)
             return alert
         cur.cells |= cells
         cur.ref_rate = max(cur.ref_rate, alert.estimated_rate)

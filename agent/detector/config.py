@@ -48,7 +48,8 @@ class DetectorConfig:
     prior_dof: float = 20.0            # weight of the spray mode's theoretical noise factor, in samples
     certify_lag: int = 8               # a pulse is learned from only after this many quiet pulses
     quiet_level: float = 0.5           # "quiet": every CUSUM below this fraction of its threshold
-    clear_lr: float = 100.0            # likelihood ratio for "repaired" that resolves an alert
+    clear_lr: float = 100.0            # the least likelihood ratio for "repaired" that resolves an alert
+    false_clears_per_day: float = 1.0  # an alert of a loss that stays resolves falsely at most this often a day
     corruption_background: float = 1e-7  # damaged frames per frame on a healthy link
     corruption_rate: float = 0.001     # corruption rate the damaged-frame CUSUM is tuned to
     learn_pulses: int = 8              # learned model: pulses per source group to measure its shares
@@ -66,7 +67,7 @@ class DetectorConfig:
         except ValueError:
             raise SpecError(f"bad model {self.model!r}: analytic or learned") from None
         for name in ("fa_per_day", "pulse_hz", "min_rate", "prior_dof", "quiet_level", "clear_lr",
-                     "corruption_background", "corruption_rate"):
+                     "false_clears_per_day", "corruption_background", "corruption_rate"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
                 raise bad(name, "must be a finite number > 0")

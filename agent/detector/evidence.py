@@ -14,11 +14,11 @@ variance is the null noise ``sum V`` plus the loss's own: a rate ``r`` takes a
 binomial count of about ``r * s`` packets, variance ``r * s``.
 
 Reverse (is it repaired?). While an alert is open, its cells run the mirror
-CUSUM of "no loss" against "loss at the largest rate estimated while open";
-once it passes ``ln(clear_lr)`` the alert resolves and the forward CUSUMs of its
-cells restart from zero. The forward statistic is capped at ``CAP`` times its
-threshold, so evidence does not pile up during a long fault. At the estimated rate it needs about
-``2 ln(clear_lr) / delta^2`` healthy pulses: one pulse under rrdst spraying.
+CUSUM of "no loss" against "the loss at the rate its own pulses estimate"
+(:class:`Repair`); once it passes the threshold the false-repair budget gives
+(``false_clears_per_day``, at least ``ln(clear_lr)``) the alert resolves and the
+forward CUSUMs of its cells restart from zero. The forward statistic is capped
+at ``CAP`` times its threshold, so evidence does not pile up during a long fault.
 """
 from __future__ import annotations
 
@@ -184,3 +184,80 @@ def reverse_llr(r: float, v: float, mu: float) -> float:
 
 def reverse_llr_poisson(bad: float, frames: float, lam0: float, lam1: float) -> float:
     return frames * (lam1 - lam0) - bad * math.log(lam1 / lam0)
+
+
+SECONDS_PER_DAY = 86400.0
+# The repair test's alternative is the loss rate's lower confidence bound at this many sds: the
+# estimate from an alert's first few pulses is noisy, and one that reads high makes "no loss" win
+# early. Gaussian streams, 50 pulses of a loss at 0.5 / 1 / 2 sd per pulse, 200 alerts each
+# (bench/repair.py --streams --lcb-sd X): resolved during the loss at the estimate itself 50 / 28 / 6,
+# at 1 sd 15 / 3 / 1, at 2 sd 1 / 0 / 0; the median pulses to see the repair after it 26 / 14 / 5,
+# 73 / 21 / 6 and 226 / 34 / 7.
+REPAIR_LCB_SD = 2.0
+
+
+def repair_ln_arl(false_clears_per_day: float, pulse_hz: float) -> float:
+    """ln of the pulses an alert's repair test must run, on average, under a loss that stays, before it
+    resolves the alert falsely: one day's pulses over the budget."""
+    return math.log(SECONDS_PER_DAY * pulse_hz / false_clears_per_day)
+
+
+@dataclass
+class Repair:
+    """The repair test of one open alert: Page's CUSUM of "no loss" against "the loss at the rate the
+    alert's own pulses estimate".
+
+    The rate it holds: ``sum r s / V`` over ``sum s^2 / V`` of the alert's judged cells since it opened
+    (the deficit's least-squares estimate) less ``REPAIR_LCB_SD`` of its sds (``1 / sqrt(sum s^2 / V)``),
+    as it stood when the statistic was last at 0, so the pulses
+    after a repair do not pull it down while they are being judged. The largest rate estimated while
+    open, which it replaces, was the alarm's selection at its peak: under a loss that stays, a CUSUM
+    with the alternative at twice the loss drifts towards "repaired", and in the counter model 27 alerts
+    resolved during 16 runs of 600 faulty pulses (``bench/repair.py``).
+
+    Its threshold is read from the alarms' ARL table (:func:`agent.detector.arl.thresholds`): the
+    statistic is a Gaussian CUSUM whose shift is this pulse's ``delta = sqrt(sum mu^2 / V)`` over the
+    judged cells (``mu`` the held rate's deficit; a Poisson cell counts ``2 KL``, the same information),
+    so the run length under a loss that stays at the held rate is the table's in-control ARL. That is
+    set by the budget, ``SECONDS_PER_DAY * pulse_hz / false_clears_per_day`` pulses (86,400 at the
+    defaults), and never below ``ln(clear_lr)`` nats. The price is the time to see a repair: about
+    ``h / (delta^2 / 2)`` pulses, with ``h`` 7.2-9.8 nats from 0.2 to 4 sd per pulse against 4.6 at
+    ``clear_lr`` alone."""
+
+    stat: float = 0.0
+    est_a: float = 0.0
+    est_b: float = 0.0
+    held_rate: float | None = None
+
+    def estimate(self) -> float:
+        """The rate's lower confidence bound: the estimate less ``REPAIR_LCB_SD`` of its sds."""
+        return self.est_a / self.est_b - REPAIR_LCB_SD / math.sqrt(self.est_b)
+
+    def rate(self, fallback: float) -> float:
+        """The rate the alternative holds (``fallback`` before any pulse was judged)."""
+        if self.held_rate is not None:
+            return self.held_rate
+        return self.estimate() if self.est_b > 0 else fallback
+
+    def observe(self, cells: list[tuple[float, float, float]]) -> None:
+        """This pulse's judged Gaussian cells ``(r, V, s)`` into the rate estimate (before :meth:`step`)."""
+        for r, v, s in cells:
+            self.est_a += r * s / v
+            self.est_b += s * s / v
+
+    def step(self, llr: float, info: float, ln_a: float, floor: float) -> bool:
+        """Add one pulse's log-likelihood ratio ("no loss" against the held rate) with its information
+        ``delta^2``; True when the alert is repaired."""
+        self.stat = max(0.0, self.stat + llr)
+        if self.stat == 0.0 and self.est_b > 0:
+            self.held_rate = self.estimate()
+        return self.stat > max(floor, float(thresholds(np.array([math.sqrt(max(info, 0.0))]), ln_a)[0]))
+
+    def state(self) -> dict:
+        return {"reverse": self.stat, "est_a": self.est_a, "est_b": self.est_b, "held_rate": self.held_rate}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "Repair":
+        held = d.get("held_rate")
+        return cls(float(d.get("reverse", 0.0)), float(d.get("est_a", 0.0)), float(d.get("est_b", 0.0)),
+                   None if held is None else float(held))

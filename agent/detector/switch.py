@@ -37,7 +37,8 @@ from agent.detector.arl import budget_ln_arl
 from agent.detector.checks import (CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, Suspect,
                                    TotalsPeerCheck)
 from agent.detector.config import DetectorConfig, Model
-from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, reverse_llr, reverse_llr_poisson
+from agent.detector.evidence import (CusumBank, Judgement, PoissonCusum, repair_ln_arl, reverse_llr,
+                                     reverse_llr_poisson)
 from agent.detector.verdict import Ledger, LinkEvidence, evidence_from
 from agent.pulse import PulseAssembler, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
@@ -219,30 +220,29 @@ class SwitchDetector:
 
     # -- repair ------------------------------------------------------------------------
     def _reverse(self, pc: PulseCounts, judged, corr) -> list[Alert]:
+        """Every open alert's repair test (:class:`agent.detector.evidence.Repair`)."""
         bad, frames, cmask = corr
         events = []
-        stop = math.log(self.cfg.clear_lr)
+        floor = math.log(self.cfg.clear_lr)
+        ln_a = repair_ln_arl(self.cfg.false_clears_per_day, self.cfg.pulse_hz)
         for aid, oa in list(self.book.open.items()):
             if oa.alert.kind == "asymmetry" or not oa.cells:
                 continue
-            rate = max(oa.ref_rate, self.cfg.min_rate)
-            step, seen = 0.0, False
-            for ci, idx in oa.cells:
-                if ci < 0:
-                    p = idx[0]
-                    if cmask[p]:
-                        seen = True
-                        step += reverse_llr_poisson(bad[p], frames[p], self.cfg.corruption_background,
-                                                    max(rate, self.cfg.corruption_rate))
-                    continue
-                smp, v, j = judged[ci]
-                if smp.mask[idx]:
-                    seen = True
-                    step += reverse_llr(float(smp.r[idx]), float(v[idx]), rate * float(smp.s[idx]))
-            if not seen:
+            gauss = [(float(smp.r[idx]), float(v[idx]), float(smp.s[idx]))
+                     for ci, idx in oa.cells if ci >= 0 for smp, v, _ in [judged[ci]] if smp.mask[idx]]
+            oa.repair.observe(gauss)
+            rate = max(oa.repair.rate(oa.ref_rate), self.cfg.min_rate)
+            step = sum(reverse_llr(r, v, rate * s) for r, v, s in gauss)
+            info = sum((rate * s) ** 2 / v for r, v, s in gauss)
+            lam0 = self.cfg.corruption_background
+            lam1 = max(oa.ref_rate, self.cfg.min_rate, self.cfg.corruption_rate)
+            damaged = [idx[0] for ci, idx in oa.cells if ci < 0 and cmask[idx[0]]]
+            for p in damaged:
+                step += reverse_llr_poisson(bad[p], frames[p], lam0, lam1)
+                info += 2.0 * float(frames[p]) * (lam1 * math.log(lam1 / lam0) - lam1 + lam0)
+            if not gauss and not damaged:
                 continue
-            oa.reverse = max(0.0, oa.reverse + step)
-            if oa.reverse > stop:
+            if oa.repair.step(step, info, ln_a, floor):
                 for ci, idx in oa.cells:
                     (self.poisson.reset(idx[0]) if ci < 0 else self.banks[ci].reset(idx))
                 events.append(self.book.resolve(aid, pc.end_time, pc.pulse, pc.start_time))
