@@ -221,8 +221,8 @@ class Repair:
     so the run length under a loss that stays at the held rate is the table's in-control ARL. That is
     set by the budget, ``SECONDS_PER_DAY * pulse_hz / false_clears_per_day`` pulses (86,400 at the
     defaults), and never below ``ln(clear_lr)`` nats. The price is the time to see a repair: about
-    ``h / (delta^2 / 2)`` pulses, with ``h`` 7.2-9.8 nats from 0.2 to 4 sd per pulse against 4.6 at
-    ``clear_lr`` alone."""
+    ``h / (delta^2 / 2)`` pulses at the held rate (below the loss's own), with ``h`` 7.2-9.8 nats from
+    0.2 to 4 sd per pulse against 4.6 at ``clear_lr`` alone."""
 
     stat: float = 0.0
     est_a: float = 0.0
