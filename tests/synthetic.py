@@ -17,7 +17,7 @@ import numpy as np
 
 from agent.detector.checks import rrdst_unit
 from agent.detector.config import DetectorConfig
-from agent.detector.evidence import Repair, reverse_llr
+from agent.detector.evidence import Repair
 from agent.pulse import PulseCounts
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
@@ -72,6 +72,6 @@ def repair_run(rng, delta: float, ln_a: float, repair_at: int | None, n_max: int
         r = float(rng.normal(m, math.sqrt(v + m)))
         rep.observe([(r, v, s)])
         rate = max(rep.rate(1.5 * mu / s), MIN_RATE)
-        if rep.step(reverse_llr(r, v, rate * s), (rate * s) ** 2 / v, ln_a, math.log(CLEAR_LR)):
+        if rep.step(*rep.evidence([(r, v, s)], rate), ln_a, math.log(CLEAR_LR)):
             return t if repair_at is None else t - repair_at
     return None

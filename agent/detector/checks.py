@@ -157,6 +157,7 @@ class Samples:
     observed: np.ndarray
     cls: np.ndarray | int = 0   # noise class per cell (see NoiseModel)
     start_time: float | None = None  # of the pulse these samples judge (the spine judges one pulse late)
+    raw: np.ndarray | None = None    # the deficits before the next pulse confirmed them (see confirmed)
 
 
 def confirmed(prev: Samples | None, cur: Samples, shape: tuple) -> Samples:
@@ -169,7 +170,8 @@ def confirmed(prev: Samples | None, cur: Samples, shape: tuple) -> Samples:
         return Samples(z, np.ones(shape), z, np.zeros(shape, bool), z, z)
     nxt = np.where(cur.mask, cur.r, 0.0)
     r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
-    return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time)
+    return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time,
+                   raw=prev.r)
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,13 @@ class Repair:
             self.est_a += r * s / v
             self.est_b += s * s / v
 
+    @staticmethod
+    def evidence(cells: list[tuple[float, float, float]], rate: float) -> tuple[float, float]:
+        """This pulse's log-likelihood ratio of "no loss" against ``rate`` over the Gaussian cells ``(r, V,
+        s)``, and its information ``delta^2 = sum mu^2 / V``."""
+        llr = sum(reverse_llr(r, v, rate * s) for r, v, s in cells)
+        return llr, sum((rate * s) ** 2 / v for _, v, s in cells)
+
     def step(self, llr: float, info: float, ln_a: float, floor: float) -> bool:
         """Add one pulse's log-likelihood ratio ("no loss" against the held rate) with its information
         ``delta^2``; True when the alert is repaired."""
