@@ -209,8 +209,9 @@ class Repair:
 
     The rate it holds: ``sum r s / V`` over ``sum s^2 / V`` of the alert's judged cells since it opened
     (the deficit's least-squares estimate) less ``REPAIR_LCB_SD`` of its sds (``1 / sqrt(sum s^2 / V)``),
-    as it stood when the statistic was last at 0, so the pulses
-    after a repair do not pull it down while they are being judged. The largest rate estimated while
+    as it stood when the statistic was last at 0, so the pulses after a repair do not pull it down while
+    they are being judged (unless the statistic falls back to 0 after the repair, as it can for an alert
+    of under one sd per pulse: then they do, and its repair takes longer). The largest rate estimated while
     open, which it replaces, was the alarm's selection at its peak: under a loss that stays, a CUSUM
     with the alternative at twice the loss drifts towards "repaired", and in the counter model 27 alerts
     resolved during 16 runs of 600 faulty pulses (``bench/repair.py``).
