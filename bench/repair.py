@@ -25,14 +25,13 @@ Runtime: about 70 s with the defaults on one core.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import math  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -94,7 +93,8 @@ def streams(n: int = 200) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="examples:\n  .venv/bin/python bench/repair.py\n"
-                                        "  .venv/bin/python bench/repair.py --pulses 2000 --seeds 5 6 7")
+                                        "  .venv/bin/python bench/repair.py --pulses 2000 --seeds 5 6 7\n"
+                                        "  .venv/bin/python bench/repair.py --streams --lcb-sd 0")
     ap.add_argument("--pulses", type=int, default=600, help="faulty pulses of the steady run (default 600)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6], help="model seeds (default 5 6)")
     ap.add_argument("--streams", action="store_true", help="the repair test on Gaussian streams instead (see above)")
@@ -104,10 +104,10 @@ def main() -> int:
     if not 0 <= args.lcb_sd <= 10:
         print("repair: --lcb-sd must be in [0, 10]", file=sys.stderr)
         return 2
-    evidence.REPAIR_LCB_SD = args.lcb_sd
     if args.pulses < 1:
         print("repair: --pulses must be at least 1", file=sys.stderr)
         return 2
+    evidence.REPAIR_LCB_SD = args.lcb_sd
     if args.streams:
         streams()
         return 0

@@ -61,6 +61,27 @@ def robust_sd(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
+def cell_rates(detector, cell: int, until: float = math.inf) -> list[tuple[float, float, float]]:
+    """A spine's judged pulses of one ledger cell that started before ``until``: (start, rate ``a / b``,
+    the sd the verdict's noise model gives it, ``1 / sqrt(b)``)."""
+    return [(t, float(a[cell] / b[cell]), float(b[cell]) ** -0.5) for t, a, b, bg, m in detector.ledger.rows
+            if t < until and m[cell] and b[cell] > 0]
+
+
+def same_pulse(rows: list[tuple[float, float, float]], t: float) -> float | None:
+    """The rate of the pulse in ``rows`` that started within ``SLACK_S`` of ``t`` (the same iteration's)."""
+    best = min(rows, key=lambda x: abs(x[0] - t), default=None)
+    return best[1] if best is not None and abs(best[0] - t) <= SLACK_S else None
+
+
+def model_spec(shape_size: str, seed: int) -> tuple[str, ModelSpec]:
+    """``LxSxH:MiB`` as the model's ring (rrdst) and the source's name."""
+    shape, size = shape_size.split(":")
+    leaves, spines, hosts = (int(x) for x in shape.split("x"))
+    return f"model {shape} {size} MiB", ModelSpec(fabric=FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts),
+                                                  size=int(size) << 20, spray="rrdst", seed=seed)
+
+
 def own_and_contrast(detectors: dict, until: float) -> tuple[float, float, float, float, float, int]:
     """Median over (leaf, spine) cells of the healthy per-pulse rate's robust sd, alone and less the other
     spines' mean, and of the sd the verdict's noise model gives it (``1 / sqrt(b)``), over the pulses
@@ -73,13 +94,11 @@ def own_and_contrast(detectors: dict, until: float) -> tuple[float, float, float
                    if t < until for c in range(ncells) if m[c] and b[c] > 0])
     fit = (float(np.sqrt(np.mean(zs ** 2))), float(np.percentile(np.abs(zs), 99))) if len(zs) else (np.nan, np.nan)
     for cell in range(ncells):
-        judged = [[(t, float(a[cell] / b[cell]), float(b[cell]) ** -0.5) for t, a, b, bg, m in detectors[s].ledger.rows
-                   if t < until and m[cell] and b[cell] > 0] for s in spines]
+        judged = [cell_rates(detectors[s], cell, until) for s in spines]
         modelled += [sd for rows_s in judged for _, _, sd in rows_s]
-        per = [{t: r for t, r, _ in rows_s} for rows_s in judged]
         rows = []
-        for t0, r0 in sorted(per[0].items()):
-            match = [next((r for t, r in p.items() if abs(t - t0) <= SLACK_S), None) for p in per[1:]]
+        for t0, r0, _ in sorted(judged[0]):
+            match = [same_pulse(rows_s, t0) for rows_s in judged[1:]]
             if all(r is not None for r in match):
                 rows.append([r0, *match])
         if len(rows) < 5:
@@ -106,16 +125,13 @@ def under_fault(detectors: dict, link: str, start: float) -> dict | None:
               and d.owned_cells().get(f"{src}->{sw}") == cell]
     if cell is None or not others:
         return None
-
-    def rates(sw: str) -> list[tuple[float, float]]:
-        return [(t, float(a[cell] / b[cell])) for t, a, b, bg, m in detectors[sw].ledger.rows if m[cell] and b[cell] > 0]
-    theirs = [rates(sw) for sw in others]
+    theirs = [cell_rates(detectors[sw], cell) for sw in others]
     pre, post = [], []
-    for t, q in rates(dst):
-        match = [min(th, key=lambda x: abs(x[0] - t), default=(math.inf, 0.0)) for th in theirs]
-        if any(abs(mt - t) > SLACK_S for mt, _ in match):
+    for t, q, _ in cell_rates(detectors[dst], cell):
+        match = [same_pulse(th, t) for th in theirs]
+        if any(r is None for r in match):
             continue
-        m = float(np.mean([r for _, r in match]))
+        m = float(np.mean(match))
         (post if t >= start - SLACK_S else pre).append((q, m, q - m))
     if len(pre) < 2 or len(post) < 2:
         return None
@@ -140,13 +156,10 @@ def faults_live(report: Path) -> list[tuple[str, str, float, dict]]:
 
 
 def faults_model(shape_size: str, seed: int) -> list[tuple[str, str, float, dict]]:
-    shape, size = shape_size.split(":")
-    leaves, spines, hosts = (int(x) for x in shape.split("x"))
-    spec = ModelSpec(fabric=FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts), size=int(size) << 20,
-                     spray="rrdst", seed=seed)
+    name, spec = model_spec(shape_size, seed)
     run = run_model(spec, 150, {100: {"drop": {"leaf0->spine1": 0.02}}})
     st = under_fault(run.detectors, "leaf0->spine1", 100)
-    return [] if st is None else [(f"model {shape} {size} MiB", "leaf0->spine1", 0.02, st)]
+    return [] if st is None else [(name, "leaf0->spine1", 0.02, st)]
 
 
 def print_faults(rows: list[tuple[str, str, float, dict]]) -> None:
@@ -175,12 +188,9 @@ def live(report: Path) -> tuple:
 
 
 def model(shape_size: str, seed: int) -> tuple:
-    shape, size = shape_size.split(":")
-    leaves, spines, hosts = (int(x) for x in shape.split("x"))
-    spec = ModelSpec(fabric=FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts), size=int(size) << 20,
-                     spray="rrdst", seed=seed)
+    name, spec = model_spec(shape_size, seed)
     run = run_model(spec, 150, {})
-    return f"model {shape} {size} MiB", *own_and_contrast(run.detectors, float("inf"))
+    return name, *own_and_contrast(run.detectors, float("inf"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,8 +70,6 @@ def repair_run(rng, delta: float, ln_a: float, repair_at: int | None, n_max: int
     for t in range(1, n_max + 1):
         m = mu if repair_at is None or t < repair_at else 0.0
         r = float(rng.normal(m, math.sqrt(v + m)))
-        rep.observe([(r, v, s)])
-        rate = max(rep.rate(1.5 * mu / s), MIN_RATE)
-        if rep.step(*rep.evidence([(r, v, s)], rate), ln_a, math.log(CLEAR_LR)):
+        if rep.update([(r, v, s)], 1.5 * mu / s, MIN_RATE, ln_a, math.log(CLEAR_LR)):
             return t if repair_at is None else t - repair_at
     return None

@@ -253,6 +253,15 @@ class Repair:
         llr = sum(reverse_llr(r, v, rate * s) for r, v, s in cells)
         return llr, sum((rate * s) ** 2 / v for _, v, s in cells)
 
+    def update(self, cells: list[tuple[float, float, float]], fallback: float, min_rate: float, ln_a: float,
+               floor: float, more: tuple[float, float] = (0.0, 0.0)) -> bool:
+        """One pulse of the alert: its judged Gaussian cells ``(r, V, s)`` into the estimate, then the
+        ratio against the held rate (at least ``min_rate``; ``fallback`` before any pulse was judged), plus
+        ``more`` (ratio, information) from cells of other kinds; True when the alert is repaired."""
+        self.observe(cells)
+        llr, info = self.evidence(cells, max(self.rate(fallback), min_rate))
+        return self.step(llr + more[0], info + more[1], ln_a, floor)
+
     def step(self, llr: float, info: float, ln_a: float, floor: float) -> bool:
         """Add one pulse's log-likelihood ratio ("no loss" against the held rate) with its information
         ``delta^2``; True when the alert is repaired."""

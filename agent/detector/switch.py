@@ -233,18 +233,14 @@ class SwitchDetector:
             # (4x4x2, 4 MiB, 280 faulty pulses) resolved its alert 3 times on confirmed deficits, 2 on these
             gauss = [(float((smp.r if smp.raw is None else smp.raw)[idx]), float(v[idx]), float(smp.s[idx]))
                      for ci, idx in oa.cells if ci >= 0 for smp, v, _ in [judged[ci]] if smp.mask[idx]]
-            oa.repair.observe(gauss)
-            rate = max(oa.repair.rate(oa.ref_rate), self.cfg.min_rate)
-            step, info = oa.repair.evidence(gauss, rate)
-            lam0 = self.cfg.corruption_background
-            lam1 = max(oa.ref_rate, self.cfg.min_rate, self.cfg.corruption_rate)
             damaged = [idx[0] for ci, idx in oa.cells if ci < 0 and cmask[idx[0]]]
-            for p in damaged:
-                step += reverse_llr_poisson(bad[p], frames[p], lam0, lam1)
-                info += 2.0 * float(frames[p]) * (lam1 * math.log(lam1 / lam0) - lam1 + lam0)
             if not gauss and not damaged:
                 continue
-            if oa.repair.step(step, info, ln_a, floor):
+            lam0 = self.cfg.corruption_background
+            lam1 = max(oa.ref_rate, self.cfg.min_rate, self.cfg.corruption_rate)
+            more = (sum(reverse_llr_poisson(bad[p], frames[p], lam0, lam1) for p in damaged),
+                    sum(2.0 * float(frames[p]) * (lam1 * math.log(lam1 / lam0) - lam1 + lam0) for p in damaged))
+            if oa.repair.update(gauss, oa.ref_rate, self.cfg.min_rate, ln_a, floor, more):
                 for ci, idx in oa.cells:
                     (self.poisson.reset(idx[0]) if ci < 0 else self.banks[ci].reset(idx))
                 events.append(self.book.resolve(aid, pc.end_time, pc.pulse, pc.start_time))
