@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes as ct
 import statistics
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from scapy.layers.l2 import Ether               # noqa: E402
 from scapy.packet import Raw                    # noqa: E402
 
 from netns_testbed import datapath as dp, faults  # noqa: E402
-from netns_testbed.bpfmaps import prog_test_time  # noqa: E402
+from netns_testbed.bpfmaps import MapSpec, map_create, prog_test_time  # noqa: E402
 from netns_testbed.nsutil import private_netns  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
 
@@ -79,9 +80,12 @@ class Variant:
             text = dp.source_text(bpf_dir / "switch.c") + "\n" + (dp.contract_asserts(shape) if contract else "")
             cflags = [f"-I{bpf_dir}", *shape.cflags()[1:]]
             b, fns = dp.compile_program(text, cflags, dp.SWITCH_FUNCTIONS)
-            maps = dp.SwitchMaps.of_program(FABRIC, sw, _Prog(b))
-            for port in range(maps.nports):        # redirect targets (a test run redirects nowhere)
-                maps.maps["port_ifindex"].set(port, dp.U32(100 + port))
+            maps = dp.SwitchMaps.of_program(FABRIC, sw, _Prog(b, shape))
+            if _has_map(b, "port_ifindex"):    # a revision before port_out: redirect targets only
+                for port in range(maps.nports):
+                    b[b"port_ifindex"][ct.c_int(port)] = ct.c_uint32(100 + port)
+            else:                              # redirect targets (a test run redirects nowhere)
+                maps.set_ports([100 + port for port in range(maps.nports)])
             maps.set_config("rrdst", 1000.0)
             maps.set_spray({}, [])
             if sw == "leaf0":
@@ -101,11 +105,25 @@ class Variant:
 class _Prog:
     """The bits of dp.SwitchProgram that SwitchMaps.of_program reads, from a BCC object."""
 
-    def __init__(self, b) -> None:
-        self.b = b
+    def __init__(self, b, shape: dp.SwitchShape) -> None:
+        self.b, self.shape = b, shape
 
     def map_fd(self, name: str) -> int:
+        if not _has_map(self.b, name):       # a map of this tree that an older revision had not: a spare
+            value, entries, _ = dp.map_entries(self.shape)[name]
+            return map_create(MapSpec(BPF_MAP_TYPE_ARRAY, 4, ct.sizeof(value), entries, 0, b""))
         return self.b[name.encode()].map_fd
+
+
+BPF_MAP_TYPE_ARRAY = 2
+
+
+def _has_map(b, name: str) -> bool:
+    try:
+        b[name.encode()]
+    except KeyError:
+        return False
+    return True
 
 
 CHUNK = 200   # runs per buffer: a forwarded packet loses a hop of TTL per run (the frames start at 255)

@@ -54,8 +54,14 @@ HOOKS = {"ingress": 0, "egress": 1}
 MAX_PREFIXES = 1024
 RING = 16                 # pulses each switch keeps per counter (ring slots; -DFP_RING)
 PULSE_ID_BITS = 64 - PULSE_TIME_BITS   # the kernel's pulse id shares a word with the last packet's time
-PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_ifindex", "config", "pulse", "spray", "rotation",
+PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_out", "config", "pulse", "spray", "rotation",
              "faults", "fault_stats", "spray_stats")
+
+
+def net_u32(addr: ipaddress.IPv4Address) -> int:
+    """An IPv4 address as the u32 whose bytes in memory are the address in network order (what the
+    C side compares with a header's field, unconverted)."""
+    return int.from_bytes(addr.packed, sys.byteorder)
 
 
 class Counter(ct.Structure):
@@ -76,7 +82,11 @@ class PulseRec(ct.Structure):
 
 class Config(ct.Structure):
     _fields_ = [("mode", ct.c_uint32), ("gap_units", ct.c_uint32), ("leaf_class", ct.c_uint32),
-                ("nuplinks", ct.c_uint32)]
+                ("nuplinks", ct.c_uint32), ("nhosts", ct.c_uint32)]
+
+
+class PortOut(ct.Structure):
+    _fields_ = [("ifindex", ct.c_uint32), ("nh4", ct.c_uint32)]
 
 
 class Spray(ct.Structure):
@@ -109,7 +119,7 @@ class U32(ct.Structure):
 # What bpf/switch.h says, as Python sees it: compiled into the program as assertions (netns_testbed.contract)
 C_STRUCTS: dict[str, type[ct.Structure]] = {"fp_counter": Counter, "fp_count": Count, "fp_dup": Dup,
                                             "fp_pulse_rec": PulseRec,
-                                            "fp_config": Config, "fp_spray": Spray,
+                                            "fp_config": Config, "fp_port": PortOut, "fp_spray": Spray,
                                             "fp_fault": Fault, "fp_fault_stats": FaultStats,
                                             "fp_prefix_key": PrefixKey}
 C_CONSTANTS: dict[str, int] = {
@@ -147,6 +157,11 @@ class SwitchShape:
     def port_slots(self) -> int:
         """Ports the program's maps are sized for (its NPORTS)."""
         return max(self.slots, self.nports)
+
+    @property
+    def nhosts(self) -> int:
+        """A leaf's host ports (after its uplinks); 0 on a spine (config map)."""
+        return self.nports - self.nuplinks if self.is_leaf else 0
 
     @property
     def nsrc(self) -> int:
@@ -194,7 +209,7 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
     return {
         **counter_map_entries(shape),
         "ifindex_port": (U32, IFINDEX_SLOTS, False),
-        "port_ifindex": (U32, shape.port_slots, False),
+        "port_out": (PortOut, shape.port_slots, False),
         "config": (Config, 1, False),
         "spray": (Spray, shape.nleaves, False),
         "rotation": (U32, shape.nleaves + 1, True),
@@ -576,7 +591,8 @@ class SwitchMaps(CounterMaps):
 
     # -- set-up (loader) ----------------------------------------------------
     def set_ports(self, ifindexes: list[int]) -> None:
-        """Tell the program which interface is which port (``ifindexes[port]``), both ways."""
+        """Tell the program which interface is which port (``ifindexes[port]``), both ways, and each
+        port's next hop: the neighbour's address on that link, from the fabric model."""
         far = [ifx for ifx in ifindexes if not 0 < ifx < IFINDEX_SLOTS]
         if far:
             raise EnvironmentProblem(f"{self.switch}: interface index {far[0]} is outside the datapath's port table "
@@ -584,11 +600,17 @@ class SwitchMaps(CounterMaps):
                                      "from 1, so something else created them: rebuild with `fabric up`")
         for port, ifx in enumerate(ifindexes):
             self.maps["ifindex_port"].set(ifx, U32(port + 1))
-            self.maps["port_ifindex"].set(port, U32(ifx))
+            self.maps["port_out"].set(port, PortOut(ifx, self._next_hop(port)))
+
+    def _next_hop(self, port: int) -> int:
+        """The neighbour's IPv4 address on ``port``'s link, in network byte order (the C side's nh4)."""
+        p = self.fabric.ports[self.switch][port]
+        return net_u32(self.fabric.ports[p.peer][p.peer_index].address.ip)
 
     def set_config(self, mode: str, gap_ms: float) -> None:
         units = max(1, int(round(gap_ms * 1e6 / PULSE_UNIT_NS)))
-        self.maps["config"].set(0, Config(SPRAY_CODES[mode], units, self.shape.leaf_class, self.shape.nuplinks))
+        self.maps["config"].set(0, Config(SPRAY_CODES[mode], units, self.shape.leaf_class, self.shape.nuplinks,
+                                           self.shape.nhosts))
 
     def set_spray(self, weights: dict[str, float], out_of_service: list[Link]) -> None:
         """Fill this leaf's per-destination spray tables from the fabric model.
@@ -664,8 +686,8 @@ def fault_struct(kind: str, rate: float, src: str | None = None, dst: str | None
         f.match_ip = 1
         for which, net in (("src", src), ("dst", dst)):
             n = ipaddress.IPv4Network(net or "0.0.0.0/0", strict=False)
-            setattr(f, f"{which}_net", int.from_bytes(n.network_address.packed, "little"))
-            setattr(f, f"{which}_mask", int.from_bytes(n.netmask.packed, "little"))
+            setattr(f, f"{which}_net", net_u32(n.network_address))
+            setattr(f, f"{which}_mask", net_u32(n.netmask))
     f.flow_frac = FLOW_ALL if flow_frac >= 1.0 else int(flow_frac * FLOW_ALL)
     if period_s > 0:
         f.period_ns = int(period_s * 1e9)

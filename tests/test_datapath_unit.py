@@ -75,6 +75,25 @@ class Program:
         assert total[0] >= pkts                                 # cumulative counts hold them too
         return pkts, int(total[1])
 
+    def forwarded_to(self, port: int, frame) -> int | None:
+        """The port the ingress program sends ``frame`` (arriving on ``port``) out of; None if it leaves
+        it to the kernel. A test run redirects nowhere, so each candidate port in turn is the only one
+        with an interface (the program leaves a packet for a port without one to the kernel)."""
+        out = self.maps.maps["port_out"]
+        held = [out.get(i) for i in range(self.maps.nports)]
+        picked = []
+        try:
+            for cand in range(self.maps.nports):
+                for i in range(self.maps.nports):
+                    out.set(i, dp.PortOut(held[i].ifindex if i == cand else 0, held[i].nh4))
+                if self.run("ingress", port, frame)[0] == TC_ACT_REDIRECT:
+                    picked.append(cand)
+        finally:
+            for i, v in enumerate(held):
+                out.set(i, v)
+        assert len(picked) <= 1, picked
+        return picked[0] if picked else None
+
     def sprayed(self) -> np.ndarray:
         return np.array(self.maps.spray_stats())
 
@@ -139,7 +158,7 @@ def test_one_compile_serves_every_switch_each_with_its_own_maps_and_identity():
     """The loader compiles once per fabric: two leaves and a spine share it (its maps are sized for
     the largest switch, a leaf's 6 ports; the spine's 3 are what its readers see). Each copy keeps its
     own maps, and sprays by its own leaf number (its config map): the same frame, h0 -> h2 (leaf1's
-    host), is sprayed by leaf0 and left to leaf1's routing (it is for leaf1's own host)."""
+    host), is sprayed by leaf0 and sent by leaf1 to its own host's port, unsprayed."""
     loader = dp.Loader()
     a, b, c = Program("leaf0", loader), Program("leaf1", loader), Program("spine1", loader)
     try:
@@ -147,7 +166,7 @@ def test_one_compile_serves_every_switch_each_with_its_own_maps_and_identity():
         assert len({*a.prog.maps.values(), *b.prog.maps.values(), *c.prog.maps.values()}) == 3 * len(a.prog.maps)
         c.reset()
         assert c.maps.shape.port_slots == 6 and c.maps.nports == 3
-        assert c.run("ingress", 2, tcp(src=H4, dst=H0))[0] == TC_ACT_OK       # from leaf2, routed on
+        assert c.run("ingress", 2, tcp(src=H4, dst=H0))[0] == TC_ACT_REDIRECT  # from leaf2, sent to leaf0
         assert c.run("egress", 0, tcp(src=H4, dst=H0))[0] == TC_ACT_OK        # to leaf0
         assert c.counts().shape[0] == 3 and c.maps.totals().shape[0] == 3
         assert c.count(2, "in", class_of(H4), "tcp_data")[0] == 1 and c.count(0, "out", class_of(H4), "tcp_data")[0] == 1
@@ -158,8 +177,8 @@ def test_one_compile_serves_every_switch_each_with_its_own_maps_and_identity():
         assert a.run("ingress", H0_PORT, frame)[0] == TC_ACT_REDIRECT
         assert a.counts().sum() == 1 and b.counts().sum() == 0
         host_port = FABRIC.port_to("leaf1", "h3").index
-        assert b.run("ingress", host_port, frame)[0] == TC_ACT_OK
-        assert b.counts().sum() == 1 and a.counts().sum() == 1
+        assert b.run("ingress", host_port, frame)[0] == TC_ACT_REDIRECT     # to its own host, not sprayed
+        assert b.counts().sum() == 1 and a.counts().sum() == 1 and sum(b.maps.spray_stats()) == 0
         assert b.run("ingress", host_port, tcp(src=H2, dst=H0))[0] == TC_ACT_REDIRECT
         assert b.maps.spray_stats() != [0] * len(b.maps.spray_stats()) and sum(a.maps.spray_stats()) == 1
     finally:
@@ -320,14 +339,38 @@ def test_random_spray_is_uniform(leaf):
 
 @pytest.mark.parametrize("mode", [SprayMode.RANDOM, SprayMode.RR, SprayMode.RRDST, "off"])
 def test_only_host_traffic_to_another_leaf_is_sprayed(leaf, mode):
+    """A leaf sprays what its hosts send to other leaves; what is for its own hosts it sends to their
+    ports itself; the rest (no leaf's address, the leaf's own address, not IPv4, from an uplink to
+    another leaf) is the kernel's. With spraying off the kernel forwards everything."""
     leaf.reset(mode)
-    assert leaf.run("ingress", H0_PORT, tcp(src=H0, dst=H1))[0] == TC_ACT_OK        # to a host of this leaf
-    assert leaf.run("ingress", 1, tcp(src=H2, dst=H0))[0] == TC_ACT_OK              # from an uplink
-    assert leaf.run("ingress", H0_PORT, tcp(dst="192.168.7.1"))[0] == TC_ACT_OK     # to no leaf
-    assert leaf.run("ingress", H0_PORT, Ether(**MACS) / ARP(psrc=H0, pdst=H2))[0] == TC_ACT_OK
-    expected = TC_ACT_OK if mode == "off" else TC_ACT_REDIRECT
+    on = mode != "off"
+    h1_port = FABRIC.port_to("leaf0", "h1").index
+    assert leaf.forwarded_to(H0_PORT, tcp(src=H0, dst=H1)) == (h1_port if on else None)   # to a host of this leaf
+    assert leaf.forwarded_to(1, tcp(src=H2, dst=H0)) == (H0_PORT if on else None)         # from an uplink
+    assert leaf.forwarded_to(1, tcp(src=H2, dst=H4)) is None                              # from an uplink, onwards
+    assert leaf.forwarded_to(H0_PORT, tcp(dst="192.168.7.1")) is None                     # to no leaf
+    own = str(FABRIC.port_to("leaf0", "h1").address.ip)                                   # the leaf itself
+    assert leaf.forwarded_to(H0_PORT, tcp(dst=own)) is None
+    unused = f"10.1.{FABRIC.spec.hosts_per_leaf}.2"                                       # no host there
+    assert leaf.forwarded_to(H0_PORT, tcp(dst=unused)) is None
+    assert leaf.forwarded_to(H0_PORT, Ether(**MACS) / ARP(psrc=H0, pdst=H2)) is None
+    assert leaf.sprayed().sum() == 0
+    expected = TC_ACT_REDIRECT if on else TC_ACT_OK
     assert leaf.run("ingress", H0_PORT, tcp(dst=H2))[0] == expected
-    assert leaf.sprayed().sum() == (0 if mode == "off" else 1)
+    assert leaf.sprayed().sum() == (1 if on else 0)
+
+
+@pytest.mark.parametrize("mode", [SprayMode.RRDST, "off"])
+def test_a_spine_sends_each_leafs_hosts_to_that_leafs_port(spine, mode):
+    spine.reset(mode)
+    for leaf in FABRIC.leaves:
+        dst = FABRIC.host_ip(next(h for h in FABRIC.hosts if FABRIC.ports[h][0].peer == leaf))
+        src_leaf = FABRIC.leaves[(FABRIC.leaves.index(leaf) + 1) % len(FABRIC.leaves)]
+        port_in = FABRIC.port_to("spine1", src_leaf).index
+        want = FABRIC.port_to("spine1", leaf).index if mode != "off" else None
+        assert spine.forwarded_to(port_in, tcp(src="10.9.0.2", dst=dst)) == want, leaf
+    assert spine.forwarded_to(0, tcp(dst="192.168.7.1")) is None
+    assert spine.forwarded_to(0, Ether(**MACS) / ARP(psrc=H0, pdst=H2)) is None
 
 
 def test_the_egress_program_never_redirects(leaf):
@@ -349,7 +392,7 @@ def test_a_blackhole_drops_everything_on_its_link_only(leaf):
     assert leaf.run("egress", 1, tcp())[0] == TC_ACT_SHOT
     assert leaf.run("egress", 2, tcp())[0] == TC_ACT_OK
     assert leaf.count(1, "out", class_of(H0), "tcp_data")[0] == 1        # counted before the fault
-    assert leaf.run("ingress", 1, tcp(src=H2, dst=H0))[0] == TC_ACT_OK   # the other direction
+    assert leaf.run("ingress", 1, tcp(src=H2, dst=H0))[0] == TC_ACT_REDIRECT   # the other direction, to h0
     assert fault_stats(leaf, site) == (1, 1)
 
 

@@ -64,6 +64,29 @@ def test_default_fabric_all_pairs_and_no_way_out(default_testbed):
         assert unreachable_outside(tb, h)
 
 
+def test_sprayed_packets_name_their_next_hop(default_testbed):
+    """A leaf's spray hands the kernel each uplink's next hop (no route lookup per packet): the
+    address the datapath holds for each port is the one the peer's interface carries, as `ip`
+    reads it in the peer's namespace; the all-pairs test above is what breaks if the kernel cannot
+    resolve it."""
+    tb = default_testbed
+    for leaf in tb.fabric.leaves:
+        m = tb.maps(leaf)
+        try:
+            held = {p.index: m.maps["port_out"].get(p.index) for p in tb.fabric.ports[leaf]}
+        finally:
+            m.close()
+        for p in tb.fabric.ports[leaf]:
+            peer_ifname = tb.fabric.ports[p.peer][p.peer_index].ifname
+            out = subprocess.run(["ip", "-n", tb.ns(p.peer), "-4", "-o", "addr", "show", "dev", peer_ifname],
+                                 capture_output=True, text=True, check=True).stdout
+            peer_ip = re.search(r"inet (\S+)/", out).group(1)
+            with iproute(tb.ns(leaf)) as ipr:
+                ifindex = ipr.link_lookup(ifname=p.ifname)[0]
+            assert held[p.index].ifindex == ifindex, (leaf, p.ifname)
+            assert held[p.index].nh4.to_bytes(4, sys.byteorder) == bytes(map(int, peer_ip.split("."))), (leaf, p.ifname)
+
+
 def ethtool_features(ns: str, ifname: str) -> dict[str, bool]:
     """`ethtool -k` as the tool prints it (the independent view of what set_offloads did)."""
     out = subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-k", ifname], capture_output=True, text=True,

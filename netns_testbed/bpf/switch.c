@@ -3,7 +3,9 @@
 //
 //   ingress: fault (host->leaf link faults: hosts run no program)
 //            -> count (per port, direction, source leaf, packet kind)
-//            -> spray (leaves only, packets from a host port to another leaf)
+//            -> forward: a leaf sprays packets from a host port to another leaf over its uplinks;
+//               a spine, and a leaf towards its own hosts, send a packet to the port its
+//               destination address names (the kernel's routing does the rest)
 //   egress:  count -> fault (faults on every link out of a switch, after counting)
 //
 // Compile-time parameters (-D, set by datapath.py from the fabric model): map sizes only, so that
@@ -25,12 +27,16 @@
 
 #include "switch.h"
 
+#ifndef AF_INET
+#define AF_INET 2   // linux/socket.h, which a tc program's headers do not bring in
+#endif
+
 // BCC 0.26 declares bpf_redirect_neigh with 3 arguments; the kernel takes 4.
 static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
     (void *)BPF_FUNC_redirect_neigh;
 
 BPF_ARRAY(ifindex_port, u32, FP_IFINDEX_SLOTS);    // this namespace's ifindex -> port + 1 (switch.h)
-BPF_ARRAY(port_ifindex, u32, NPORTS);              // port -> ifindex (redirect target)
+BPF_ARRAY(port_out, struct fp_port, NPORTS);       // port -> its interface and next hop (redirect target)
 BPF_ARRAY(config, struct fp_config, 1);
 BPF_ARRAY(spray, struct fp_spray, NLEAVES);        // per destination leaf
 BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
@@ -119,6 +125,19 @@ static __always_inline int lookup_port(struct __sk_buff *skb) {
     return *p - 1;
 }
 
+// Send the packet out of ``port`` to the neighbour on that link. With the next hop given, the
+// kernel goes straight to the neighbour table: no output route lookup, which was the largest part of
+// a redirect's cost. An unknown port or interface leaves the packet to kernel routing.
+static __always_inline int forward(u32 port) {
+    struct fp_port *out = port_out.lookup(&port);
+    if (!out || !out->ifindex)
+        return TC_ACT_OK;
+    if (!out->nh4)
+        return redirect_neigh4(out->ifindex, NULL, 0, 0);
+    struct bpf_redir_neigh nh = {.nh_family = AF_INET, .ipv4_nh = out->nh4};
+    return redirect_neigh4(out->ifindex, &nh, sizeof(nh), 0);
+}
+
 int fp_ingress(struct __sk_buff *skb) {
     int found = lookup_port(skb);
     if (found < 0)
@@ -135,10 +154,23 @@ int fp_ingress(struct __sk_buff *skb) {
     u64 id = pi.iph ? pulse_tick(cfg, bpf_ktime_get_ns()) : pulse_now();
     count(skb, port, FP_DIR_IN, &pi, id);
     if (pi.kind == FP_KIND_BADHDR)
-        return TC_ACT_OK;  // never spray it: the kernel's IP input discards it (InCsumErrors)
-    // On a leaf, spray packets that come from its hosts and go to another leaf.
-    if (!cfg->leaf_class || cfg->mode == FP_SPRAY_OFF || port < cfg->nuplinks || !pi.dst_leaf ||
-        pi.dst_leaf == cfg->leaf_class)
+        return TC_ACT_OK;  // never forward it: the kernel's IP input discards it (InCsumErrors)
+    if (cfg->mode == FP_SPRAY_OFF || !pi.dst_leaf)
+        return TC_ACT_OK;  // the kernel routes (spraying off: its ECMP picks the uplink)
+    // Where the address plan alone decides the port, the program forwards (the kernel's IP input,
+    // route lookup and forwarding are skipped; the egress program still counts and faults the packet):
+    // a spine sends leaf L's hosts to its port L, a leaf sends its own hosts to their ports.
+    if (!cfg->leaf_class)
+        return forward(pi.dst_leaf - 1);
+    if (pi.dst_leaf == cfg->leaf_class) {
+        u32 a = bpf_ntohl(pi.daddr);
+        u32 j = (a >> 8) & 0xff;                   // host j is 10.(L+1).j.2
+        if ((a & 0xff) != 2 || j >= cfg->nhosts)
+            return TC_ACT_OK;
+        return forward(cfg->nuplinks + j);
+    }
+    // A leaf sprays packets that come from its hosts and go to another leaf.
+    if (port < cfg->nuplinks)
         return TC_ACT_OK;
     u32 dst = pi.dst_leaf - 1;
     struct fp_spray *sp = spray.lookup(&dst);
@@ -158,13 +190,10 @@ int fp_ingress(struct __sk_buff *skb) {
     if (pick >= FP_SPRAY_SLOTS)
         return TC_ACT_OK;
     u32 up = sp->slot[pick];
-    u32 *ifx = port_ifindex.lookup(&up);
-    if (!ifx || !*ifx)
-        return TC_ACT_OK;
     u64 *ss = spray_stats.lookup(&up);
     if (ss)
         *ss += 1;
-    return redirect_neigh4(*ifx, NULL, 0, 0);
+    return forward(up);
 }
 
 int fp_egress(struct __sk_buff *skb) {

@@ -77,6 +77,15 @@ struct fp_config {
     u32 gap_units;   // idle gap that ends a pulse, in units of 2^20 ns
     u32 leaf_class;  // this leaf's source class (leaf number + 1); 0 on a spine
     u32 nuplinks;    // a leaf's uplinks are ports 0..nuplinks-1; 0 on a spine
+    u32 nhosts;      // a leaf's hosts: host j (10.(L+1).j.2) is behind port nuplinks + j; 0 on a spine
+};
+
+// Where a port's packets go when the program sends them itself (a leaf's spray): the port's
+// interface, and the neighbour's IPv4 address on that link (network byte order), handed to
+// bpf_redirect_neigh so that the kernel resolves the neighbour without a route lookup of its own.
+struct fp_port {
+    u32 ifindex;
+    u32 nh4;         // 0: none known (the kernel then looks the route up)
 };
 
 struct fp_spray {
