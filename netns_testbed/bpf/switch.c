@@ -159,7 +159,8 @@ int fp_ingress(struct __sk_buff *skb) {
         return TC_ACT_OK;  // the kernel routes (spraying off: its ECMP picks the uplink)
     // Where the address plan alone decides the port, the program forwards (the kernel's IP input,
     // route lookup and forwarding are skipped; the egress program still counts and faults the packet):
-    // a spine sends leaf L's hosts to its port L, a leaf sends its own hosts to their ports.
+    // a spine sends leaf L's hosts to its port L, a leaf sends its own hosts to their ports (the
+    // fabric model's port order, topo.py; tests/test_datapath_unit.py checks each against it).
     if (!cfg->leaf_class)
         return forward(pi.dst_leaf - 1);
     if (pi.dst_leaf == cfg->leaf_class) {

@@ -80,7 +80,8 @@ struct fp_config {
     u32 nhosts;      // a leaf's hosts: host j (10.(L+1).j.2) is behind port nuplinks + j; 0 on a spine
 };
 
-// Where a port's packets go when the program sends them itself (a leaf's spray): the port's
+// Where a port's packets go when the program sends them itself (a leaf's spray, or a destination
+// the address plan names: switch.c's fp_ingress): the port's
 // interface, and the neighbour's IPv4 address on that link (network byte order), handed to
 // bpf_redirect_neigh so that the kernel resolves the neighbour without a route lookup of its own.
 struct fp_port {
