@@ -14,7 +14,7 @@ A tcx link lives as long as the agent holds it: a killed agent leaves nothing
 attached. On clsact, :meth:`close` removes exactly what it added: its own
 filters, and the clsact qdisc only if it created it and nothing else uses it;
 filters a killed agent left behind (known by their program names) are removed
-before attaching.
+before attaching, on either hook.
 
 The maps stay in this process (no pinning): the agent that loaded them reads
 them (:class:`CountMaps`), and they go when it exits and its filters are gone.
@@ -115,7 +115,30 @@ class CountingProgram:
                 out.append((f["info"] >> 16, name))
         return out
 
+    def _drop_leftovers(self, ipr, ifx: int) -> None:
+        """Remove the counting filters a killed agent left on the port's clsact (known by their program
+        names), whichever hook this agent attaches with: an agent on clsact killed before the machine
+        moved to tcx (or run with the hook forced) would otherwise go on running beside this one."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        for name in PROGRAMS:
+            parent = PARENTS[name]
+            try:
+                filters = self._filters(ipr, ifx, parent)
+            except NetlinkError:     # no clsact on the port: nothing left there
+                continue
+            for prio, fname in filters:
+                if fname.startswith("fp_count_"):
+                    log.warning("removing a counting filter a previous agent left (ifindex %d prio %d)", ifx, prio)
+                    ipr.tc("del-filter", "bpf", ifx, parent=parent, prio=prio)
+
     def attach(self) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with IPRoute() as ipr:
+            for ifx in self.ifindexes:
+                self._drop_leftovers(ipr, ifx)
         if self.hook is Hook.TCX:
             for ifx in self.ifindexes:
                 for name in PROGRAMS:
@@ -124,9 +147,6 @@ class CountingProgram:
                     except OSError as e:
                         raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") from None
             return
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
-
         with IPRoute() as ipr:
             for ifx in self.ifindexes:
                 try:
@@ -138,10 +158,7 @@ class CountingProgram:
                 for name in PROGRAMS:
                     parent = PARENTS[name]
                     for prio, fname in self._filters(ipr, ifx, parent):
-                        if fname.startswith("fp_count_"):
-                            log.warning("removing a counting filter a previous agent left (ifindex %d prio %d)", ifx, prio)
-                            ipr.tc("del-filter", "bpf", ifx, parent=parent, prio=prio)
-                        elif prio == PRIO:
+                        if prio == PRIO:
                             raise EnvironmentProblem(f"tc priority {PRIO} on ifindex {ifx} is taken by {fname!r}: "
                                                      "the counter must run first; move that filter")
                     fn = self.fns[name]

@@ -17,9 +17,14 @@ from pathlib import Path
 import pytest
 
 from analysis.experiment import FaultScheduler
+from agent.counting import CountingProgram, local_ifindexes
+from agent.site import load_site
 from analysis.siteagents import REPO, SiteAgents, flowpulse_argv
 from analysis.spec import parse_scheduled
 from netns_testbed import hooks
+from netns_testbed.bpfmaps import tcx_supported
+from netns_testbed.hooks import Hook
+from netns_testbed.nsutil import in_netns
 from netns_testbed.topo import namespace
 from workload.launcher import JobSpec, run_job
 
@@ -173,3 +178,36 @@ def test_unit_file_verifies_and_its_capabilities_are_enough(make_testbed, tmp_pa
     for port_ in tb.fabric.ports["spine0"]:
         assert "fp_count" not in counting_filters(tb.prefix, "spine0", port_.ifname)
 
+
+
+@pytest.mark.skipif(not tcx_supported(), reason="the kernel has no tcx links (6.6+)")
+def test_an_agent_on_tcx_removes_counting_filters_a_killed_clsact_agent_left(make_testbed, tmp_path):
+    """An agent killed while on tc clsact (the hook forced, or before the kernel had tcx) leaves its
+    filters on the ports. The next agent, on tcx, removes them before it attaches: one counter per
+    port, not two. Leftovers are known by their program names (fp_count_*)."""
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
+    r = subprocess.run(flowpulse_argv("fabric", "export-site", "--prefix", tb.prefix, "--switch", "leaf0", "--out",
+                                      str(tmp_path / "leaf0.yaml")), cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    site = load_site(tmp_path / "leaf0.yaml")
+    ifname = site.ifnames[0]
+    with in_netns(namespace(tb.prefix, "leaf0")):
+        ifindexes = local_ifindexes(site)
+        old = CountingProgram(site, ifindexes)
+        old.hook = Hook.CLSACT
+        old.load()
+        old.attach()
+        old.attached.clear()          # killed: what it attached stays where it is
+        old.own_qdisc.clear()
+        old.close()
+        assert "clsact:fp_count_in" in counting_filters(tb.prefix, "leaf0", ifname)
+        new = CountingProgram(site, ifindexes)
+        assert new.hook is Hook.TCX
+        new.load()
+        new.attach()
+        try:
+            on_port = counting_filters(tb.prefix, "leaf0", ifname)
+        finally:
+            new.close()
+    assert on_port.split() == ["tcx:fp_count_in", "tcx:fp_ingress", "tcx:fp_count_out", "tcx:fp_egress"], on_port
+    assert counting_filters(tb.prefix, "leaf0", ifname).split() == ["tcx:fp_ingress", "tcx:fp_egress"]
