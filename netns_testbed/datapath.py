@@ -459,6 +459,24 @@ class Loader:
         return prog
 
 
+_OTHER_VERSION = ("{switch}: the testbed's datapath was built by another version of FlowPulse ({what}): "
+                  "rebuild it with `flowpulse fabric down` and `fabric up` (same --prefix)")
+
+
+def check_pinned(maps: dict[str, PinnedArray], switch: str) -> None:
+    """The pinned maps are the ones this version's program makes: each map's value size and entries as
+    the kernel reports them equal what the Python mirror reads and writes (a testbed built by an older
+    checkout keeps running its own program after an upgrade, and a write of a grown struct into a
+    smaller map would be cut short without an error)."""
+    for name, m in maps.items():
+        _, _, value_size, entries, _, _ = map_spec(m.fd)
+        want = (ct.sizeof(m.value_type), m.entries)
+        if (value_size, entries) != want:
+            raise EnvironmentProblem(_OTHER_VERSION.format(
+                switch=switch, what=f"map {name} holds {entries} values of {value_size} bytes, "
+                                    f"this version expects {want[1]} of {want[0]}"))
+
+
 def pin_dir(state_dir: Path, switch: str) -> Path:
     return state_dir / "bpf" / switch
 
@@ -568,8 +586,21 @@ class SwitchMaps(CounterMaps):
         self.shape = SwitchShape.of(fabric, switch)
         self.nports, self.nsrc = self.shape.nports, self.shape.nsrc
         d = self.pins = pin_dir(state_dir, switch)
-        self.maps = {name: PinnedArray(str(d / name), t, n, pc, readonly=readonly)
-                     for name, (t, n, pc) in map_entries(self.shape).items()}
+        self.maps = {}
+        try:
+            for name, (t, n, pc) in map_entries(self.shape).items():
+                self.maps[name] = PinnedArray(str(d / name), t, n, pc, readonly=readonly)
+            check_pinned(self.maps, switch)
+        except FileNotFoundError:
+            self.close()
+            if d.is_dir() and set(os.listdir(d)) - set(PIN_NAMES):
+                extra = ", ".join(sorted(set(os.listdir(d)) - set(PIN_NAMES)))
+                raise EnvironmentProblem(_OTHER_VERSION.format(
+                    switch=switch, what=f"maps this version does not know: {extra}")) from None
+            raise                     # the testbed is gone (or going): the caller says so
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def of_program(cls, fabric: Fabric, switch: str, prog: SwitchProgram) -> "SwitchMaps":

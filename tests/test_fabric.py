@@ -564,3 +564,28 @@ def test_not_root_missing_bcc_missing_headers(monkeypatch, capsys):
     r = cli("fabric", "up", "--prefix", prefix, env={"BCC_KERNEL_SOURCE": "/nonexistent"})
     assert r.returncode == 3 and "kernel headers" in r.stderr
     assert_gone(prefix)
+
+
+def test_a_testbed_built_by_another_version_asks_to_be_rebuilt(make_testbed):
+    """A testbed built by an older checkout keeps its own program and maps after an upgrade. Opening
+    them with this version's mirrors says so in one line (exit 3) instead of a traceback, or of a
+    grown struct written into a smaller map and cut short without an error."""
+    tb = make_testbed(leaves=2, spines=2, hosts_per_leaf=1)
+    pins = tb.dir / "bpf" / "leaf0"
+    os.rename(pins / "port_out", pins / "port_ifindex")          # a map this version renamed
+    r = cli("counters", "--prefix", tb.prefix, "--switch", "leaf0")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and len(lines) == 1, r.stderr
+    assert "another version" in lines[0] and "port_ifindex" in lines[0] and "fabric down" in lines[0], lines[0]
+    os.rename(pins / "port_ifindex", pins / "port_out")
+    assert cli("counters", "--prefix", tb.prefix, "--switch", "leaf0").returncode == 0
+    os.unlink(pins / "config")                                    # a config record smaller than this version's
+    fd = bpfmaps.map_create(bpfmaps.MapSpec(2, 4, 16, 1, 0, b"config"))   # BPF_MAP_TYPE_ARRAY
+    try:
+        bpfmaps.obj_pin(fd, str(pins / "config"))
+    finally:
+        os.close(fd)
+    r = cli("counters", "--prefix", tb.prefix, "--switch", "leaf0")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and len(lines) == 1, r.stderr
+    assert "map config holds 1 values of 16 bytes" in lines[0], lines[0]
