@@ -243,7 +243,7 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
                         for d, (fd, _) in progs.items():
                             lfd = hooks.attach_tcx(fd, idx, d)
                             try:
-                                obj_pin(lfd, str(dp.pin_dir(sdir, sw) / f"link_{port.index}_{d}"))
+                                obj_pin(lfd, str(dp.link_pin(sdir, sw, port.index, d)))
                             finally:
                                 os.close(lfd)
             else:

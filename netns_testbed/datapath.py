@@ -481,6 +481,13 @@ def pin_dir(state_dir: Path, switch: str) -> Path:
     return state_dir / "bpf" / switch
 
 
+LINK_PIN = re.compile(r"link_\d+_(ingress|egress)")    # a tcx link's pin beside the maps (builder.py)
+
+
+def link_pin(state_dir: Path, switch: str, port: int, direction: str) -> Path:
+    return pin_dir(state_dir, switch) / f"link_{port}_{direction}"
+
+
 def pin_maps(prog: SwitchProgram, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name in PIN_NAMES:
@@ -593,10 +600,11 @@ class SwitchMaps(CounterMaps):
             check_pinned(self.maps, switch)
         except FileNotFoundError:
             self.close()
-            if d.is_dir() and set(os.listdir(d)) - set(PIN_NAMES):
-                extra = ", ".join(sorted(set(os.listdir(d)) - set(PIN_NAMES)))
+            extra = sorted(n for n in (os.listdir(d) if d.is_dir() else ()) if n not in PIN_NAMES
+                           and not LINK_PIN.fullmatch(n))
+            if extra:
                 raise EnvironmentProblem(_OTHER_VERSION.format(
-                    switch=switch, what=f"maps this version does not know: {extra}")) from None
+                    switch=switch, what=f"maps this version does not know: {', '.join(extra)}")) from None
             raise                     # the testbed is gone (or going): the caller says so
         except BaseException:
             self.close()

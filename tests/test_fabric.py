@@ -577,6 +577,7 @@ def test_a_testbed_built_by_another_version_asks_to_be_rebuilt(make_testbed):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3 and len(lines) == 1, r.stderr
     assert "another version" in lines[0] and "port_ifindex" in lines[0] and "fabric down" in lines[0], lines[0]
+    assert "link_" not in lines[0], lines[0]                     # tcx links' pins live beside the maps
     os.rename(pins / "port_ifindex", pins / "port_out")
     assert cli("counters", "--prefix", tb.prefix, "--switch", "leaf0").returncode == 0
     os.unlink(pins / "config")                                    # a config record smaller than this version's
