@@ -39,10 +39,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Callable, Protocol
 
 from agent.detector import SwitchDetector
-from agent.detector.verdict import Ledger, LinkEvidence, Verdict, evidence_from, settle
+from agent.detector.verdict import Ledger, LinkEvidence, Span, Verdict, evidence_from, settle
 from netns_testbed.topo import Fabric, Link, node_kind
 
 log = logging.getLogger("flowpulse.agent.incidents")
@@ -52,7 +53,7 @@ VERDICT_FORMAT = 2
 
 
 class EvidenceSource(Protocol):
-    def evidence(self, owner: str, link: Link, since: float, loss: float) -> LinkEvidence | None: ...
+    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None: ...
 
 
 class LocalEvidence:
@@ -61,7 +62,7 @@ class LocalEvidence:
     def __init__(self, detectors: Callable[[], dict]) -> None:
         self.detectors = detectors
 
-    def evidence(self, owner: str, link: Link, since: float, loss: float) -> LinkEvidence | None:
+    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         det = self.detectors().get(owner)
         return det.owned_evidence(link, since, loss) if det is not None else None
 
@@ -75,7 +76,7 @@ class VerdictFiles:
         self.dir, self.local, self.max_age_s = directory, local, max_age_s
         self._warned: set[str] = set()
 
-    def evidence(self, owner: str, link: Link, since: float, loss: float) -> LinkEvidence | None:
+    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         if self.local is not None:
             ev = self.local.evidence(owner, link, since, loss)
             if ev is not None:
@@ -158,6 +159,10 @@ class IncidentTracker:
         self.alerts: dict[str, dict] = {}                 # open alert id -> latest event
         self.decided: dict[str, Attribution] = {}         # alert id -> a settled ambiguity (sticky)
         self.incidents: dict[str, Incident] = {}
+        # an ambiguous alert that resolved before its owner's verdict came in -> the spans it was open
+        # over (see verdict.Span): when it fires again (a flapping link), the owner's evidence is read over
+        # every burst, never over the healthy pulses between them
+        self.bursts: dict[tuple[str, str], list[Span]] = {}
         self.history: list[dict] = []                     # every incident event published
         self.lock = threading.RLock()                     # the poll loop feeds, metrics scrapes read
 
@@ -165,7 +170,12 @@ class IncidentTracker:
     def feed(self, event: dict, now: float | None = None) -> list[dict]:
         aid = event["alert_id"]
         if event["event"] == "resolved":
-            self.alerts.pop(aid, None)
+            was = self.alerts.pop(aid, None)
+            if was is not None and aid not in self.decided and not was.get("link"):
+                key = _burst_key(was)
+                end = float(event.get("pulse_start") or event["time"])
+                self.bursts[key] = [s for s in self.bursts.get(key, []) if s[1] > end - BURST_MEMORY_S] + \
+                    [(_onset(was), end)]
             self.decided.pop(aid, None)
         else:
             self.alerts[aid] = event
@@ -186,7 +196,7 @@ class IncidentTracker:
             return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
         up, down = ups[0], downs[0]
         rate = float(a["estimated_rate"])
-        ev = self._evidence(up, _onset(a), rate)
+        ev = self._evidence(up, self.bursts.get(_burst_key(a), []) + [(_onset(a), math.inf)], rate)
         sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
         verdict, llr = settle(ev, rate, sd)
         detail = {"owner": up.dst, "verdict": str(verdict),
@@ -202,7 +212,7 @@ class IncidentTracker:
         self.decided[a["alert_id"]] = att
         return att
 
-    def _evidence(self, link: Link, since: float, loss: float) -> LinkEvidence | None:
+    def _evidence(self, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``, for an alert of
         rate ``loss``."""
         return self.source.evidence(link.dst, link, since, loss) if self.source is not None else None
@@ -285,6 +295,16 @@ class IncidentTracker:
 
     def open(self) -> list[Incident]:
         return sorted(self.incidents.values(), key=lambda i: i.first_time)
+
+
+# How long an undecided burst's span is kept for the next burst of the same alert (the owner's ledger
+# keeps LEDGER_PULSES pulses: older spans find no pulses there anyway).
+BURST_MEMORY_S = 300.0
+
+
+def _burst_key(a: dict) -> tuple[str, str]:
+    """The same alert with the same candidates: a fault that comes back where it was."""
+    return a["alert_id"], "|".join(sorted(a.get("candidates") or []))
 
 
 def _onset(a: dict) -> float:

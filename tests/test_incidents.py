@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from agent.detector.verdict import DECIDE_LR, Ledger, LinkEvidence, Verdict, evidence_from, settle, sprt_pulses
+from agent.detector.verdict import (DECIDE_LR, Ledger, LinkEvidence, Verdict, evidence_from, settle, spans,
+                                    sprt_pulses)
 from agent.incidents import IncidentTracker, summarize
 from analysis.model import ModelSpec
 from analysis.modelrun import run_model
@@ -121,8 +122,8 @@ def test_verdict_uses_only_evidence_from_after_the_onset():
 
     class Owner:
         def evidence(self, owner, link, since, loss):
-            calls.append((owner, link.name, since))
-            return LinkEvidence(link.name, owner, 0.0098, 0.002, 3, False) if since >= 100 else \
+            calls.append((owner, link.name, spans(since)))
+            return LinkEvidence(link.name, owner, 0.0098, 0.002, 3, False) if min(spans(since))[0] >= 100 else \
                 LinkEvidence(link.name, owner, 0.0001, 0.0002, 103, False)
 
     tr = IncidentTracker(fab, Owner())
@@ -130,8 +131,60 @@ def test_verdict_uses_only_evidence_from_after_the_onset():
              "link": None, "candidates": ["spine1->leaf2", "leaf1->spine1"], "kind": "loss",
              "estimated_rate": 0.01, "onset_time": 100.0, "evidence": {"rate_sd": 0.001}}
     evs = tr.feed(alert)
-    assert calls == [("spine1", "leaf1->spine1", 100.0)]
+    assert calls == [("spine1", "leaf1->spine1", [(100.0, math.inf)])]
     assert evs[0]["link"] == "leaf1->spine1" and evs[0]["event"] == "open"
+
+
+def test_a_flapping_fault_is_judged_over_its_bursts_and_never_between_them():
+    """A 0.3 s burst every 3 s raises a leaf alert that lasts one pulse; the owner's verdict needs two
+    pulses, so each burst's incident resolved undecided (live: tests/test_localize_live.py's flapping
+    test, in one clone of four). The next burst of the same alert reads the owner's evidence over both
+    bursts' pulses, and not over the healthy pulses between them (an upstream link that flaps would
+    look intact over those)."""
+    fab = Fabric(FabricSpec())
+    ledger = Ledger(1)
+
+    def pulses_until(last: int) -> None:   # bursts at pulses 5 and 12, 20% lost on the owner's own link
+        for t in range(len(ledger.rows), last + 1):    # 1% sd per pulse
+            rate = 0.2 if t in (5, 12) else 0.0
+            ledger.add(float(t), np.array([rate * 100.0]), np.array([1.0]), np.array([100.0]), np.array([100.0]),
+                       np.array([True]))
+
+    class Owner:
+        def evidence(self, owner, link, since, rate):
+            return evidence_from(ledger, 0, since, link.name, owner, False, rate)
+
+    tr = IncidentTracker(fab, Owner())
+    alert = {"event": "alert", "alert_id": "leaf2/1/in/loss", "switch": "leaf2", "port": 1, "link": None,
+             "candidates": ["spine1->leaf2", "leaf1->spine1"], "kind": "loss", "estimated_rate": 0.2,
+             "evidence": {"rate_sd": 0.02}}
+    pulses_until(5)
+    evs = tr.feed({**alert, "time": 5.5, "onset_time": 5.0, "pulse_start": 5.0})
+    assert evs[0]["link"] is None and "waiting" in evs[0]["how"], evs       # one pulse: no verdict yet
+    pulses_until(6)
+    evs = tr.feed({**alert, "event": "resolved", "time": 6.5, "pulse_start": 6.0})
+    assert [e["event"] for e in evs] == ["resolved"] and evs[0]["link"] is None, evs
+    pulses_until(12)
+    evs = tr.feed({**alert, "time": 12.5, "onset_time": 12.0, "pulse_start": 12.0})
+    assert evs[0]["link"] == "leaf1->spine1", evs                           # both bursts: lossy upstream
+    assert "lossy" in evs[0]["how"], evs
+    # read from the first burst on instead, the healthy pulses between dilute it: no longer "lossy"
+    ev = evidence_from(ledger, 0, 5.0, "leaf1->spine1", "spine1", False, 0.2)
+    assert settle(ev, 0.2, 0.02)[0] is not Verdict.UPSTREAM, ev
+    # another alert (other candidates) does not inherit the bursts
+    other = {**alert, "alert_id": "leaf3/1/in/loss", "switch": "leaf3", "candidates": ["spine1->leaf3", "leaf1->spine1"]}
+    evs = tr.feed({**other, "time": 12.6, "onset_time": 12.0, "pulse_start": 12.0})
+    assert [e["link"] for e in evs if e["incident_id"].endswith("leaf3")] == [None], evs
+
+
+def test_a_ledger_window_over_spans_reads_only_their_pulses():
+    ledger = Ledger(1)
+    for t in range(10):
+        ledger.add(float(t), np.array([float(t)]), np.array([1.0]), np.array([1.0]), np.array([1.0]),
+                   np.array([True]))
+    assert [r[0] for r in ledger.window(0, 7.0)] == [7.0, 8.0, 9.0]
+    assert [r[0] for r in ledger.window(0, [(2.0, 4.0), (7.0, math.inf)])] == [2.0, 3.0, 7.0, 8.0, 9.0]
+    assert ledger.window(0, [(2.0, 4.0), (7.0, math.inf)]) == ledger.window(0, [(2.0, 4.0)]) + ledger.window(0, 7.0)
 
 
 def test_settle_waits_and_decides_both_ways():

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import ndtri
@@ -38,7 +39,7 @@ from agent.detector.checks import (CorruptionCheck, HostCheck, PeerCheck, Sample
                                    TotalsPeerCheck)
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, repair_ln_arl, reverse_llr_poisson
-from agent.detector.verdict import Ledger, LinkEvidence, evidence_from
+from agent.detector.verdict import Ledger, LinkEvidence, Span, evidence_from
 from agent.pulse import PulseAssembler, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
@@ -301,7 +302,7 @@ class SwitchDetector:
     def open_loss_links(self) -> set[str]:
         return {oa.alert.link for oa in self.book.open.values() if oa.alert.kind == "loss" and oa.alert.link}
 
-    def owned_evidence(self, link: Link, since: float, loss: float) -> LinkEvidence | None:
+    def owned_evidence(self, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         """This switch's evidence on a link it owns, from pulses that started at or after ``since``, for an
         alert of rate ``loss`` (its pulse timing, see :func:`evidence_from`); None if it does not judge
         that link."""

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -106,6 +107,20 @@ class LinkEvidence:
                 "alert_open": self.alert_open}
 
 
+# Pulses an alert was open over: those that started at or after the first time and before the second
+# (the start of the pulse it resolved at; inf while it is open). A fault that comes and goes (a flapping
+# link) raises one short alert per burst; its owner's evidence is read over every burst's span, never over
+# the healthy pulses between them.
+Span = tuple[float, float]
+
+
+def spans(since: "float | Sequence[Span]") -> list[Span]:
+    """``since`` as spans: a time is one span from it on."""
+    if isinstance(since, (int, float)):
+        return [(float(since), math.inf)]
+    return [(float(lo), float(hi)) for lo, hi in since]
+
+
 Row = tuple[float, float, float]   # one pulse's (a, b, bg) in a cell: bg = b * expected / s (see Ledger.add)
 
 
@@ -126,20 +141,23 @@ class Ledger:
         bg = np.where(ok, b * expected / np.where(ok, s, 1.0), 0.0)
         self.rows.append((float(start_time), a, b, bg, ok.astype(np.int64)))
 
-    def window(self, cell: int, since: float) -> list[Row]:
+    def window(self, cell: int, since: "float | Sequence[Span]") -> list[Row]:
         """The judged pulses that started at or after ``since``, in order, with a pulse boundary's timing
-        taken out (see :func:`fold_held_back`)."""
-        rows: list[Row] = []
-        before = None                      # the pulse just before the window, if judged
-        for t, a, b, bg, m in self.rows:
-            judged = bool(m[cell]) and b[cell] > 0
-            row = (float(a[cell]), float(b[cell]), float(bg[cell]))
-            if t >= since - SLACK_S:
-                if judged:
+        taken out (see :func:`fold_held_back`). ``since`` may instead be spans (see :data:`Span`): the
+        pulses of each, each span folded on its own."""
+        out: list[Row] = []
+        for lo, hi in spans(since):
+            rows: list[Row] = []
+            before = None                      # the pulse just before the span, if judged
+            for t, a, b, bg, m in self.rows:
+                judged = bool(m[cell]) and b[cell] > 0
+                row = (float(a[cell]), float(b[cell]), float(bg[cell]))
+                if t < lo - SLACK_S:
+                    before = row if judged else None
+                elif t < hi - SLACK_S and judged:
                     rows.append(row)
-            else:
-                before = row if judged else None
-        return fold_held_back(rows, before)
+            out += fold_held_back(rows, before)
+        return out
 
     def state(self) -> list:
         return [[t, a.tolist(), b.tolist(), bg.tolist(), m.tolist()] for t, a, b, bg, m in self.rows]
@@ -245,7 +263,7 @@ def scatter_ratio(chi2: float, n: int) -> float:
     return max(1.0, (SCATTER_PRIOR_DOF + chi2) / (SCATTER_PRIOR_DOF + n - 1))
 
 
-def evidence_from(ledger: Ledger, cell: int, since: float, link: str, owner: str, alert_open: bool,
+def evidence_from(ledger: Ledger, cell: int, since: float | Sequence[Span], link: str, owner: str, alert_open: bool,
                   loss: float) -> LinkEvidence:
     """The owner's rate estimate over the window and its sd: the model's (the pulses' own noise and the
     window's timing at the asking alert's ``loss`` rate, :func:`timing_variance`), or larger when the
