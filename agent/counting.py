@@ -103,7 +103,7 @@ class CountingProgram:
         self.bpf[b"config"][ct.c_int(0)] = dp.Config(0, units)
         trie = self.bpf[b"source_prefix"]
         for net, cls in self.site.source_classes():
-            key = trie.Key(net.prefixlen, int.from_bytes(net.network_address.packed, "little"))
+            key = trie.Key(net.prefixlen, dp.net_u32(net.network_address))
             trie[key] = ct.c_uint32(cls)
 
     def _filters(self, ipr, ifx: int, parent: str) -> list[tuple[int, str]]:
