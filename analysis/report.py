@@ -143,7 +143,9 @@ def text_summary(report: dict) -> str:
     for pf in det["per_fault"]:
         if pf["detected"]:
             lines.append(f"  {pf['link']}: caught in {pf['iterations_to_detect']} iteration(s), "
-                         f"{pf['seconds_to_detect']:.2f} s after onset; localized to {pf['localized_link']}")
+                         f"{pf['seconds_to_detect']:.2f} s after onset; localized to {pf['localized_link']}"
+                         + (f" {pf['iterations_detect_to_localize']} iteration(s) after"
+                            if pf.get("iterations_detect_to_localize") is not None else ""))
         else:
             lines.append(f"  {pf['link']}: missed")
     b = report.get("baselines", {})

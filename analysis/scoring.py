@@ -52,8 +52,12 @@ def detection_summary(faults: list[dict], alerts: list[dict], iterations: list[d
             row["localized_link"] = inc.get("link") if inc else None
             row["localization_correct"] = bool(inc and inc.get("link") == f["link"])
             row["localization_how"] = inc["how"] if inc else None
-            row["seconds_to_localize"] = round(inc["localized_time"] - f["start"], 3) \
-                if inc and inc.get("localized_time") and row["localization_correct"] else None
+            named = inc.get("localized_time") if inc and row["localization_correct"] else None
+            row["seconds_to_localize"] = round(named - f["start"], 3) if named else None
+            # iterations that began after the first alert was raised, up to the incident naming the link:
+            # 0 = named before the next iteration began, 1 = within one iteration of detection
+            row["iterations_detect_to_localize"] = sum(1 for it in iterations if a["time"] < it["start"] <= named) \
+                if named else None
         else:
             row.update({"localized_link": None, "localization_correct": False, "iterations_to_detect": None,
                         "seconds_to_detect": None})

@@ -76,6 +76,7 @@ def summarize_run(rep: dict, kind: str, rate: float, link: str, seed: int) -> di
     return {"kind": kind, "rate": rate, "link": link, "seed": seed, "job_ok": rep["workload"].get("ok"),
             "detected": bool(pf.get("detected")), "iterations_to_detect": pf.get("iterations_to_detect"),
             "seconds_to_detect": pf.get("seconds_to_detect"), "localized": bool(pf.get("localization_correct")),
+            "iterations_detect_to_localize": pf.get("iterations_detect_to_localize"),
             "false_positives": det["false_positives"], "healthy_iterations": det["healthy_iterations"],
             "faulty_iterations": len(rep["iterations"]) - det["healthy_iterations"],
             "counters_detected": bool(ic.get("detected")), "counters_localized": bool(ic.get("localized")),
@@ -99,6 +100,8 @@ def table(rows: list[dict]) -> list[dict]:
             "median_iters_to_detect": statistics.median(itd) if itd else None,
             "p95_iters_to_detect": itd[min(len(itd) - 1, int(0.95 * len(itd)))] if itd else None,
             "localization_accuracy": sum(r["localized"] for r in grp) / n,
+            "localized_within_1_iter": sum(r["localized"] and r.get("iterations_detect_to_localize") is not None
+                                           and r["iterations_detect_to_localize"] <= 1 for r in grp) / n,
             "counters_detect": sum(r["counters_detected"] for r in grp) / n,
             "counters_localize": sum(r["counters_localized"] for r in grp) / n,
             "retrans_detect": sum(r["retrans_detected"] for r in grp) / n,
@@ -154,6 +157,8 @@ def rescore(out: Path) -> list[dict]:
         pf = det["per_fault"][0] if det["per_fault"] else {}
         row.update({"detected": bool(pf.get("detected")), "iterations_to_detect": pf.get("iterations_to_detect"),
                     "seconds_to_detect": pf.get("seconds_to_detect"),
-                    "localized": bool(pf.get("localization_correct")), "false_positives": det["false_positives"]})
+                    "localized": bool(pf.get("localization_correct")),
+                    "iterations_detect_to_localize": pf.get("iterations_detect_to_localize"),
+                    "false_positives": det["false_positives"]})
     (out / "sweep.json").write_text(json.dumps(rows, indent=1))
     return rows

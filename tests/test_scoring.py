@@ -35,3 +35,18 @@ def test_an_alert_before_the_fault_is_a_false_alert():
     fault = {"link": "leaf0->spine1", "kind": "corrupt", "rate": 0.015, "start": 12.0, "end": None}
     det = detection_summary([fault], [alert(11.2, 11.0)], ITS, [])
     assert det["false_positives"] == 1 and not det["per_fault"][0]["detected"], det
+
+
+def test_iterations_from_detection_to_localization_count_the_iterations_begun_in_between():
+    """The issue's measure, live: an incident naming the link before the next iteration begins is 0, one
+    that names it during the next iteration is 1. An incident naming another link leaves it unset."""
+    fault = {"link": "leaf0->spine1", "kind": "drop", "rate": 0.01, "start": 11.7, "end": None}
+    first = alert(12.6, 12.0)                                   # raised in iteration 2 (starts 12.0)
+
+    def lag(named_at: float, link: str = "leaf0->spine1"):
+        inc = {"link": link, "candidates": [link], "localized_time": named_at, "how": "named by spine1"}
+        return detection_summary([fault], [first], ITS, [inc])["per_fault"][0]["iterations_detect_to_localize"]
+    assert lag(12.9) == 0
+    assert lag(13.0) == 1 and lag(13.8) == 1                     # iteration 3 began at 13.0
+    assert lag(14.2) == 2
+    assert lag(12.9, link="spine1->leaf1") is None
