@@ -25,7 +25,9 @@ evidence would localize faster); about sqrt(S / (S - 1)) times the own sd says e
 ``--faults``: the same estimates under each run's loss on a ``leafA->spineK`` link (and a model run per
 shape with a 2% drop on ``leaf0->spine1`` from pulse 100): the mean over the faulty pulses of spine K's
 estimate, of the other spines' mean and of their contrast, and the per-pulse sd of the first and the
-last, beside the pulses before the fault's root mean square of both. Leaf A resends what spine K lost
+last, beside the pulses before the fault's root mean square of both, and the per-pulse sd the verdict
+gives spine K's faulty pulses (``sd vdt``: its noise model and the timing term at the fault's rate; about
+the faulty pulses' own sd if the verdict's model fits them). Leaf A resends what spine K lost
 over every spine, so with S spines sharing alike the others read ``-p / (S - 1)``; a loss downstream of
 spine K (``spineK->leafM``, the verdict's other hypothesis) is resent the same way and moves every spine
 alike, spine K's own estimate included.
@@ -45,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.detector.verdict import SLACK_S  # noqa: E402
+from agent.detector.verdict import SLACK_S, timing_share2  # noqa: E402
 from analysis.model import ModelSpec  # noqa: E402
 from analysis.modelrun import run_model  # noqa: E402
 from analysis.replay import judged_run  # noqa: E402
@@ -114,9 +116,11 @@ def own_and_contrast(detectors: dict, until: float) -> tuple[float, float, float
     return float(np.median(own)), float(np.median(con)), float(np.median(modelled)), *fit, pulses
 
 
-def under_fault(detectors: dict, link: str, start: float) -> dict | None:
+def under_fault(detectors: dict, link: str, start: float, rate: float) -> dict | None:
     """Spine K's estimate on ``leafA->spineK``, the other spines' mean on leaf A's uplinks and their
-    contrast, per pulse every spine judged: the faulty pulses' means and sds, the healthy ones' rms."""
+    contrast, per pulse every spine judged: the faulty pulses' means and sds, the healthy ones' rms; and
+    the per-pulse sd the verdict gives spine K's faulty pulses (its noise model plus two boundaries'
+    timing at the fault's ``rate``, :func:`agent.detector.verdict.evidence_from`'s per-pulse term), median."""
     src, dst = link.split("->")
     if not (src.startswith("leaf") and dst.startswith("spine")) or dst not in detectors:
         return None
@@ -135,12 +139,15 @@ def under_fault(detectors: dict, link: str, start: float) -> dict | None:
         (post if t >= start - SLACK_S else pre).append((q, m, q - m))
     if len(pre) < 2 or len(post) < 2:
         return None
+    share2 = timing_share2(rate)
+    verdict_sd = [math.sqrt(1.0 / b[cell] + 2.0 * share2 * (bg[cell] / b[cell]) ** 2)
+                  for t, a, b, bg, m in detectors[dst].ledger.rows if t >= start - SLACK_S and m[cell] and b[cell] > 0]
     pre_a, post_a = np.asarray(pre), np.asarray(post)
     return {"spines": 1 + len(others), "pre": len(pre_a), "pre_rms_own": float(np.sqrt((pre_a[:, 0] ** 2).mean())),
             "pre_rms_contrast": float(np.sqrt((pre_a[:, 2] ** 2).mean())), "post": len(post_a),
             "own": float(post_a[:, 0].mean()), "others": float(post_a[:, 1].mean()),
             "contrast": float(post_a[:, 2].mean()), "sd_own": float(post_a[:, 0].std(ddof=1)),
-            "sd_contrast": float(post_a[:, 2].std(ddof=1))}
+            "sd_contrast": float(post_a[:, 2].std(ddof=1)), "sd_verdict": float(np.median(verdict_sd))}
 
 
 def faults_live(report: Path) -> list[tuple[str, str, float, dict]]:
@@ -149,34 +156,37 @@ def faults_live(report: Path) -> list[tuple[str, str, float, dict]]:
     out = []
     for fault in spec["faults"]:
         link = str(fault.get("link") or "")
-        if fault.get("start") and (st := under_fault(judge.detectors, link, fault["start"])) is not None:
+        rate = float(fault.get("rate") or 0.0)
+        if fault.get("start") and (st := under_fault(judge.detectors, link, fault["start"], rate)) is not None:
             out.append((f"live {f.leaves}x{f.spines}x{f.hosts_per_leaf} {report.parent.name}", link,
-                        float(fault.get("rate") or 0.0), st))
+                        rate, st))
     return out
 
 
 def faults_model(shape_size: str, seed: int) -> list[tuple[str, str, float, dict]]:
     name, spec = model_spec(shape_size, seed)
     run = run_model(spec, 150, {100: {"drop": {"leaf0->spine1": 0.02}}})
-    st = under_fault(run.detectors, "leaf0->spine1", 100)
+    st = under_fault(run.detectors, "leaf0->spine1", 100, 0.02)
     return [] if st is None else [(name, "leaf0->spine1", 0.02, st)]
 
 
 def print_faults(rows: list[tuple[str, str, float, dict]]) -> None:
     print(f"{'source':44s} {'link':14s} {'rate':>5s} {'S':>2s} | {'before: n':>9s} {'rms own':>8s} {'rms con':>8s} | "
-          f"{'faulty: n':>9s} {'own':>7s} {'others':>7s} {'contrast':>8s} {'sd own':>7s} {'sd con':>7s}")
+          f"{'faulty: n':>9s} {'own':>7s} {'others':>7s} {'contrast':>8s} {'sd own':>7s} {'sd con':>7s} {'sd vdt':>7s}")
     for name, link, rate, st in rows:
         print(f"{name:44s} {link:14s} {rate:5.1%} {st['spines']:2d} | {st['pre']:9d} {st['pre_rms_own']:8.2%} "
               f"{st['pre_rms_contrast']:8.2%} | {st['post']:9d} {st['own']:7.2%} {st['others']:7.2%} "
-              f"{st['contrast']:8.2%} {st['sd_own']:7.2%} {st['sd_contrast']:7.2%}")
+              f"{st['contrast']:8.2%} {st['sd_own']:7.2%} {st['sd_contrast']:7.2%} {st['sd_verdict']:7.2%}")
     for group in sorted({"live " + name.split()[1] if name.startswith("live") else "model" for name, *_ in rows}):
         sel = [(rate, st) for name, _, rate, st in rows if name.startswith(group) and rate > 0]
         if sel:
             shift = [st["others"] * (st["spines"] - 1) / r for r, st in sel]
             ratio = [st["sd_contrast"] / st["sd_own"] for _, st in sel if st["sd_own"] > 0]
+            wide = [st["sd_verdict"] / st["sd_own"] for _, st in sel if st["sd_own"] > 0]
             print(f"{group}: under the fault the others' mean x (S - 1) / rate is {np.median(shift):.2f} (-1 expected), "
                   f"sd of the contrast / sd own {np.median(ratio):.2f} (quartiles {np.percentile(ratio, 25):.2f}, "
-                  f"{np.percentile(ratio, 75):.2f}) over {len(sel)} faults")
+                  f"{np.percentile(ratio, 75):.2f}); the verdict's per-pulse sd / sd own {np.median(wide):.2f} "
+                  f"(quartiles {np.percentile(wide, 25):.2f}, {np.percentile(wide, 75):.2f}) over {len(sel)} faults")
 
 
 def live(report: Path) -> tuple:
