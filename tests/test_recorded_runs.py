@@ -139,3 +139,24 @@ def test_without_the_tail_rules_an_iteration_tail_raises_a_host_alert(monkeypatc
     tail_rules_off(monkeypatch, off)
     det = detection(run)
     assert [a["candidates"][0] for a in det["false_alerts"]] == [named], det["false_alerts"]
+
+
+SWEEP = Path(__file__).resolve().parents[1] / "bench" / "data" / "sweep-4x4x2"
+
+
+def test_the_shipped_live_sweep_replays_caught_at_once_and_nothing_healthy_named():
+    """bench/data/sweep-4x4x2 (12 quiet 4x4x2 allreduce runs, a 0.5-2% drop after 75 healthy iterations):
+    live, every drop was caught in its first faulty iteration, 10 were named right and nothing healthy
+    was named. Replayed, the detectors and the tracker must keep that; the two 0.5% drops that stayed
+    undecided live may be named now, but never a wrong link."""
+    runs = sorted(p for p in SWEEP.iterdir() if p.is_dir())
+    assert len(runs) == 12
+    named = 0
+    for run in runs:
+        det = replay_dir(run, DetectorConfig())["detection"]
+        assert det["false_positives"] == 0, (run.name, det["false_alerts"])
+        assert det["incidents_naming_healthy_links"] == [], run.name
+        pf = det["per_fault"][0]
+        assert pf["detected"] and pf["iterations_to_detect"] == 1, (run.name, pf)
+        named += pf["localization_correct"]
+    assert named >= 10
