@@ -144,7 +144,7 @@ def text_summary(report: dict) -> str:
         if pf["detected"]:
             lines.append(f"  {pf['link']}: caught in {pf['iterations_to_detect']} iteration(s), "
                          f"{pf['seconds_to_detect']:.2f} s after onset; localized to {pf['localized_link']}"
-                         + (f" {pf['iterations_detect_to_localize']} iteration(s) after"
+                         + (f", {pf['iterations_detect_to_localize']} iteration(s) after detection"
                             if pf.get("iterations_detect_to_localize") is not None else ""))
         else:
             lines.append(f"  {pf['link']}: missed")

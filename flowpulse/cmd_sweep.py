@@ -74,7 +74,7 @@ def _show(args: argparse.Namespace, rows: list[dict], sweep_table, plot) -> int:
     (args.out / "table.json").write_text(json.dumps(tab, indent=1))
     png = plot(rows, args.out)
     cols = ["kind", "rate", "runs", "detection_rate", "fa_per_1000_healthy_iters", "median_iters_to_detect",
-            "p95_iters_to_detect", "localization_accuracy", "localized_within_1_iter", "counters_detect", "counters_localize", "retrans_detect",
-            "retrans_localize"]
+            "p95_iters_to_detect", "localization_accuracy", "localized_within_1_iter", "counters_detect",
+            "counters_localize", "retrans_detect", "retrans_localize"]
     emit(args, {"table": tab, "rows": rows, "plot": str(png)}, lambda d: table(tab, cols) + f"\nplot: {png}")
     return 0
