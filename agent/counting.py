@@ -136,18 +136,18 @@ class CountingProgram:
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
-        with IPRoute() as ipr:
+        with IPRoute() as ipr:           # one netlink session: leftovers first, then the attach
             for ifx in self.ifindexes:
                 self._drop_leftovers(ipr, ifx)
-        if self.hook is Hook.TCX:
-            for ifx in self.ifindexes:
-                for name in PROGRAMS:
-                    try:
-                        self.links.append(hooks.attach_tcx(self.fns[name].fd, ifx, DIRECTION[name], first=True))
-                    except OSError as e:
-                        raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") from None
-            return
-        with IPRoute() as ipr:
+            if self.hook is Hook.TCX:
+                for ifx in self.ifindexes:
+                    for name in PROGRAMS:
+                        try:
+                            self.links.append(hooks.attach_tcx(self.fns[name].fd, ifx, DIRECTION[name], first=True))
+                        except OSError as e:
+                            raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") \
+                                from None
+                return
             for ifx in self.ifindexes:
                 try:
                     ipr.tc("add", "clsact", ifx)

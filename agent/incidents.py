@@ -37,9 +37,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Callable, Protocol
 
 from agent.detector import SwitchDetector
