@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.detector.verdict import SLACK_S, timing_share2  # noqa: E402
+from agent.detector.verdict import SLACK_S, pulse_variance, timing_share2  # noqa: E402
 from analysis.model import ModelSpec  # noqa: E402
 from analysis.modelrun import run_model  # noqa: E402
 from analysis.replay import judged_run  # noqa: E402
@@ -140,7 +140,7 @@ def under_fault(detectors: dict, link: str, start: float, rate: float) -> dict |
     if len(pre) < 2 or len(post) < 2:
         return None
     share2 = timing_share2(rate)
-    verdict_sd = [math.sqrt(1.0 / b[cell] + 2.0 * share2 * (bg[cell] / b[cell]) ** 2)
+    verdict_sd = [math.sqrt(pulse_variance(b[cell], bg[cell], share2))
                   for t, a, b, bg, m in detectors[dst].ledger.rows if t >= start - SLACK_S and m[cell] and b[cell] > 0]
     pre_a, post_a = np.asarray(pre), np.asarray(post)
     return {"spines": 1 + len(others), "pre": len(pre_a), "pre_rms_own": float(np.sqrt((pre_a[:, 0] ** 2).mean())),
@@ -225,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"spine_contrast: bad shape {s!r}: give LxSxH:MiB, e.g. 4x4x2:1", file=sys.stderr)
             return 2
     try:
-        for r in args.runs:
-            check_replayable(r)
+        check_replayable(*args.runs)
     except SpecError as e:
         print(f"spine_contrast: {e}", file=sys.stderr)
         return 2

@@ -79,7 +79,7 @@ def fit(run: Path) -> float | None:
     for t, a, b, bg, m in det.ledger.rows:
         if t >= f["start"] + verdict.SLACK_S and m[cell] and b[cell] > 0 and (not f.get("end") or t < f["end"]):
             res.append(a[cell] / b[cell] - f["rate"])
-            sd.append(math.sqrt(1.0 / b[cell] + 2.0 * share2 * (bg[cell] / b[cell]) ** 2))
+            sd.append(math.sqrt(verdict.pulse_variance(b[cell], bg[cell], share2)))
     if len(res) < 3:
         return None
     return statistics.median(sd) / math.sqrt(sum(x * x for x in res) / len(res))
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = args.runs or sorted(p for p in SHIPPED.iterdir() if p.is_dir())
     try:
-        for r in runs:
-            check_replayable(r)
+        check_replayable(*runs)
     except SpecError as e:
         print(f"verdict_speed: {e}", file=sys.stderr)
         return 2

@@ -257,6 +257,12 @@ def timing_variance(rows: list[Row], share2: float) -> float:
     return share2 * sum((g[i] - g[i + 1]) ** 2 for i in range(len(g) - 1)) / sb ** 2
 
 
+def pulse_variance(b: float, bg: float, share2: float) -> float:
+    """One pulse's variance of its rate ``a / b`` in the verdict's model: its own noise ``1 / b`` and the
+    timing of its two boundaries, ``2 share2 (bg / b)^2`` (see :func:`timing_variance`)."""
+    return 1.0 / b + 2.0 * share2 * (bg / b) ** 2
+
+
 def scatter_ratio(chi2: float, n: int) -> float:
     """The window's scatter against the model (Birge ratio ``chi^2 / (n - 1)``), shrunk towards 1 with
     ``SCATTER_PRIOR_DOF`` degrees of freedom; never below 1."""
@@ -283,7 +289,7 @@ def evidence_from(ledger: Ledger, cell: int, since: float | Sequence[Span], link
     q = sa / sb
     share2 = timing_share2(loss)
     # per pulse: (a/b - q)^2 against 1/b + the timing of its two boundaries, 2 share2 (bg / b)^2
-    chi2 = sum((a / b - q) ** 2 / (1.0 / b + 2.0 * share2 * (bg / b) ** 2) for a, b, bg in rows)
+    chi2 = sum((a / b - q) ** 2 / pulse_variance(b, bg, share2) for a, b, bg in rows)
     var = (1.0 / sb + timing_variance(rows, share2)) * scatter_ratio(chi2, n)
     return LinkEvidence(link, owner, q, math.sqrt(var), n, alert_open)
 
