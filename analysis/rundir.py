@@ -48,11 +48,12 @@ def claim(out: Path, force: bool) -> None:
                 p.unlink()
 
 
-def check_replayable(run: Path) -> None:
-    """Refuse a directory that does not hold a finished run's ``report.json`` and ``pulses/`` (what a
-    replay of the run reads)."""
-    if not (run / "report.json").is_file() or not (run / "pulses").is_dir():
-        raise SpecError(f"{run} is not a run directory (report.json and pulses/): give an experiment's --out")
+def check_replayable(*runs: Path) -> None:
+    """Refuse, before any is read, directories that do not each hold a finished run's ``report.json`` and
+    ``pulses/`` (what a replay of the run reads): the first one that does not is named."""
+    for run in runs:
+        if not (run / "report.json").is_file() or not (run / "pulses").is_dir():
+            raise SpecError(f"{run} is not a run directory (report.json and pulses/): give an experiment's --out")
 
 
 def load_pulses(directory: Path) -> dict[str, list[PulseCounts]]:

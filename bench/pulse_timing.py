@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = args.runs or [p.parent for p in SHIPPED]
     try:
-        for r in runs:
-            check_replayable(r)
+        check_replayable(*runs)
     except SpecError as e:
         print(f"pulse_timing: {e}", file=sys.stderr)
         return 2
