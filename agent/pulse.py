@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from netns_testbed.datapath import SPAN_FIELDS   # PulseCounts.span's last axis (bpf/switch.h)
+
 
 @dataclass
 class PulseCounts:
@@ -24,6 +26,10 @@ class PulseCounts:
     ``dup[port, dir, (segments, bytes)]``: TCP segments carrying a D-SACK block and the sequence
     bytes those blocks report (None when the source cannot tell): on a leaf's port from host N,
     what host N says it received twice (spurious retransmissions; the host test takes them off).
+    ``span[port, remote, field]``: the owner's same-packet reference on a fabric port's ingress
+    (bpf/switch.h, struct fp_span), per remote leaf class (a spine: the destination leaf; a leaf: the
+    source leaf) and field (``SPAN_FIELDS``: segments with new data, resent segments, new bytes,
+    sequence span); None when the source keeps none.
     """
 
     switch: str
@@ -38,6 +44,7 @@ class PulseCounts:
     meta: dict = field(default_factory=dict)
     data: np.ndarray | None = None
     dup: np.ndarray | None = None
+    span: np.ndarray | None = None
 
     @property
     def total(self) -> int:
@@ -52,7 +59,8 @@ class PulseCounts:
                 "start_time": self.start_time, "end_time": self.end_time, "merged": self.merged,
                 "ip": self.ip.tolist(), "bad": self.bad.tolist(), **({"meta": self.meta} if self.meta else {}),
                 **({"data": self.data.tolist()} if self.data is not None else {}),
-                **({"dup": self.dup.tolist()} if self.dup is not None else {})}
+                **({"dup": self.dup.tolist()} if self.dup is not None else {}),
+                **({"span": self.span.tolist()} if self.span is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PulseCounts":
@@ -61,7 +69,8 @@ class PulseCounts:
                    start_time=d.get("start_time", 0.0), end_time=d.get("end_time", 0.0), merged=d.get("merged", 1),
                    meta={**d.get("meta", {}), **({"scores": d["scores"]} if "scores" in d else {})},
                    data=np.asarray(d["data"], dtype=np.int64) if d.get("data") is not None else None,
-                   dup=np.asarray(d["dup"], dtype=np.int64) if d.get("dup") is not None else None)
+                   dup=np.asarray(d["dup"], dtype=np.int64) if d.get("dup") is not None else None,
+                   span=np.asarray(d["span"], dtype=np.int64) if d.get("span") is not None else None)
 
 
 def merge(parts: list[PulseCounts]) -> PulseCounts:
@@ -71,11 +80,12 @@ def merge(parts: list[PulseCounts]) -> PulseCounts:
     first, last = parts[0], parts[-1]
     data = None if any(p.data is None for p in parts) else sum(p.data for p in parts)
     dup = None if any(p.dup is None for p in parts) else sum(p.dup for p in parts)
+    span = None if any(p.span is None for p in parts) else sum(p.span for p in parts)
     meta = {**first.meta, "fragments": [p.pulse for p in parts]}
     return PulseCounts(last.switch, last.pulse, sum(p.ip for p in parts), sum(p.bad for p in parts),
                        start_ns=first.start_ns, end_ns=last.end_ns, start_time=first.start_time,
                        end_time=last.end_time, merged=sum(p.merged for p in parts), meta=meta, data=data,
-                       dup=dup)
+                       dup=dup, span=span)
 
 
 class PulseAssembler:

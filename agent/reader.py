@@ -131,7 +131,7 @@ class PulseReader:
         pc = PulseCounts(self.switch, self.pulse_no, pkts[:, :, :, IP_KINDS].sum(axis=3),
                          pkts[:, :, :, BAD_KIND].sum(axis=2), start_ns=start, end_ns=end,
                          start_time=wall_of(start), end_time=wall_of(end), merged=1,
-                         data=pkts[:, :, :, DATA_KIND].copy(), dup=got.dups)
+                         data=pkts[:, :, :, DATA_KIND].copy(), dup=got.dups, span=got.spans)
         self.pulse_no += 1
         self.next_id = (self.next_id + 1) % PULSE_ID_MOD
         return pc

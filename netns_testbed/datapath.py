@@ -55,7 +55,9 @@ MAX_PREFIXES = 1024
 RING = 16                 # pulses each switch keeps per counter (ring slots; -DFP_RING)
 PULSE_ID_BITS = 64 - PULSE_TIME_BITS   # the kernel's pulse id shares a word with the last packet's time
 PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_out", "config", "pulse", "spray", "rotation",
-             "faults", "fault_stats", "spray_stats")
+             "faults", "fault_stats", "spray_stats", "spans")
+FLOWS = 8192              # TCP flows whose sequence spans a switch tracks (LRU; switch.h FP_FLOWS)
+SPAN_LIMIT = 1 << 24      # a larger advance of a flow's highest end restarts it (switch.h)
 
 
 def net_u32(addr: ipaddress.IPv4Address) -> int:
@@ -78,6 +80,22 @@ class Dup(ct.Structure):
 
 class PulseRec(ct.Structure):
     _fields_ = [("pulse", ct.c_uint64), ("start_ns", ct.c_uint64), ("end_ns", ct.c_uint64)]
+
+
+class FlowKey(ct.Structure):
+    _fields_ = [("saddr", ct.c_uint32), ("daddr", ct.c_uint32), ("ports", ct.c_uint32), ("port", ct.c_uint32)]
+
+
+class Flow(ct.Structure):
+    _fields_ = [("end", ct.c_uint32), ("prev", ct.c_uint32)]
+
+
+class Span(ct.Structure):
+    _fields_ = [("pulse", ct.c_uint32), ("first", ct.c_uint32), ("resent", ct.c_uint32), ("pad", ct.c_uint32),
+                ("new_bytes", ct.c_uint64), ("span", ct.c_uint64)]
+
+
+SPAN_FIELDS = ("first", "resent", "new_bytes", "span")   # PulseSlot.spans' (and PulseCounts.span's) last axis
 
 
 class Config(ct.Structure):
@@ -121,7 +139,8 @@ C_STRUCTS: dict[str, type[ct.Structure]] = {"fp_counter": Counter, "fp_count": C
                                             "fp_pulse_rec": PulseRec,
                                             "fp_config": Config, "fp_port": PortOut, "fp_spray": Spray,
                                             "fp_fault": Fault, "fp_fault_stats": FaultStats,
-                                            "fp_prefix_key": PrefixKey}
+                                            "fp_prefix_key": PrefixKey, "fp_flow_key": FlowKey,
+                                            "fp_flow": Flow, "fp_span": Span}
 C_CONSTANTS: dict[str, int] = {
     "FP_DIR_IN": DIRS.index("in"), "FP_DIR_OUT": DIRS.index("out"),
     "FP_HOOK_INGRESS": HOOKS["ingress"], "FP_HOOK_EGRESS": HOOKS["egress"],
@@ -133,7 +152,7 @@ C_CONSTANTS: dict[str, int] = {
     "FP_FAULT_NONE": FAULT_NONE, "FP_FAULT_DROP": FAULT_DROP, "FP_FAULT_CORRUPT": FAULT_CORRUPT,
     "FP_PROB_ONE": PROB_ONE, "FP_ALL": FLOW_ALL,
     "FP_PULSE_TIME_BITS": PULSE_TIME_BITS, "FP_PULSE_UNIT_SHIFT": PULSE_UNIT_SHIFT,
-    "FP_MAX_PREFIXES": MAX_PREFIXES,
+    "FP_MAX_PREFIXES": MAX_PREFIXES, "FP_FLOWS": FLOWS, "FP_SPAN_LIMIT": SPAN_LIMIT,
 }
 
 
@@ -216,6 +235,7 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
         "faults": (Fault, shape.port_slots * 2, False),
         "fault_stats": (FaultStats, shape.port_slots * 2, True),
         "spray_stats": (U64, shape.port_slots, True),
+        "spans": (Span, shape.ring * shape.port_slots * shape.nsrc, True),
     }
 
 
@@ -504,6 +524,7 @@ class PulseSlot:
     start_ns: int            # first IPv4 packet (monotonic ns); 0 if the slot's record is gone
     end_ns: int              # last IPv4 packet's time unit; 0 while the pulse is open
     overwritten: bool        # a later pulse has started to reuse the slot: counts are incomplete
+    spans: np.ndarray | None = None   # int64 [port, remote leaf class, SPAN_FIELDS]; None: not kept
 
 
 class CounterMaps:
@@ -547,12 +568,19 @@ class CounterMaps:
         dcpu = self.maps["dup"].get_range_per_cpu(slot * nd, nd)
         dmine, dnewer = _tags(dcpu["pulse"], pulse)
         dups = np.stack([np.where(dmine, dcpu[f], 0).sum(axis=1, dtype=np.int64) for f in ("segs", "bytes")], -1)
+        spans, snewer = None, False
+        if "spans" in self.maps:
+            ns = slots * self.nsrc
+            scpu = self.maps["spans"].get_range_per_cpu(slot * ns, ns)
+            smine, snewer = _tags(scpu["pulse"], pulse)
+            spans = np.stack([np.where(smine, scpu[f], 0).sum(axis=1, dtype=np.int64) for f in SPAN_FIELDS],
+                             -1).reshape(slots, self.nsrc, len(SPAN_FIELDS))[:self.nports]
         rec = self.maps["pulses"].get(slot)
         ours = rec.pulse == pulse
         return PulseSlot(pulse, counts.reshape(slots, 2, self.nsrc, NKIND)[:self.nports],
                          dups.reshape(slots, 2, 2)[:self.nports],
                          rec.start_ns if ours else 0, rec.end_ns if ours else 0,
-                         newer or dnewer or (not ours and _is_newer(rec.pulse, pulse)))
+                         newer or dnewer or snewer or (not ours and _is_newer(rec.pulse, pulse)), spans)
 
 
 def sum_pulse(per_cpu: np.ndarray, pulse: int) -> tuple[np.ndarray, bool]:

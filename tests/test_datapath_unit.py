@@ -602,3 +602,102 @@ def test_dsacks_go_to_the_pulse_they_came_in(leaf):
     leaf.run("ingress", H0_PORT, dsack, repeat=2)
     assert leaf.maps.read_pulse(1).dups[H0_PORT, 0].tolist() == [1, 50]
     assert leaf.maps.read_pulse(2).dups[H0_PORT, 0].tolist() == [2, 100]
+
+
+# -- the owner's same-packet reference: new bytes against the flows' sequence spans ----------------
+
+MSS = 1448
+
+
+def spans(p: Program, port: int, remote: int) -> dict[str, int]:
+    """The current pulse's span sums on ``port`` for remote leaf class ``remote``."""
+    got = p.maps.read_pulse(p.maps.pulse_state()[0]).spans[port, remote]
+    return dict(zip(dp.SPAN_FIELDS, (int(x) for x in got)))
+
+
+def seg(seq: int, n: int = MSS, sport: int = 41000, src=H0, dst=H2, flags="A"):
+    return tcp(src=src, dst=dst, sport=sport, seq=seq % (1 << 32), payload=b"y" * n, flags=flags)
+
+
+def test_a_spine_adds_each_flows_span_and_new_bytes_per_ingress_port_and_destination_leaf(spine):
+    """Spine1 sees every fourth segment of a flow from leaf0 to leaf1: each one moves the flow's highest
+    end by four segments' bytes (the span) and brings one segment's new bytes; the flow's first segment
+    on the port only sets the end, so the two sums stay paired. The remote leaf is the destination's."""
+    spine.reset()
+    dst_class = class_of(H2)                      # leaf1's class: the destination leaf at a spine
+    for i in range(0, 40, 4):                     # segments 0, 4, 8, ... 36 of the flow
+        assert spine.run("ingress", 0, seg(1000 + i * MSS, sport=41001))[0] == TC_ACT_REDIRECT
+    got = spans(spine, 0, dst_class)
+    assert got == {"first": 9, "resent": 0, "new_bytes": 9 * MSS, "span": 36 * MSS}
+    assert sum(spans(spine, 0, c)["first"] for c in range(dp.SwitchShape.of(FABRIC, "spine1").nsrc)) == 9
+    assert spans(spine, 1, dst_class)["first"] == 0           # other ports untouched
+
+
+def test_a_retransmission_counts_as_resent_never_as_new(spine):
+    """A segment below the flow's last advance on the port (a retransmission: of a segment sent over
+    another spine, or of its own lost one, a round trip later) moves neither sum: a reference that
+    took it for new data would read a loss on this link as less than it is, and a loss elsewhere as a
+    surplus here. Its own last segment again is resent too."""
+    spine.reset()
+    c = class_of(H2)
+    base = 50_000
+    for i in (0, 4, 8):                                                # ends at 1, 5 and 9 segments
+        spine.run("ingress", 0, seg(base + i * MSS, sport=41002))
+    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    spine.run("ingress", 0, seg(base + 1 * MSS, sport=41002))          # resent from below the last advance
+    spine.run("ingress", 0, seg(base + 4 * MSS, sport=41002))          # its own earlier segment again
+    spine.run("ingress", 0, seg(base + 8 * MSS, sport=41002))          # its own last segment again
+    assert spans(spine, 0, c) == {"first": 2, "resent": 3, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    # a resent segment that carries new data beyond the end counts only the bytes beyond it
+    spine.run("ingress", 0, seg(base + 8 * MSS, n=2 * MSS, sport=41002))
+    assert spans(spine, 0, c) == {"first": 3, "resent": 3, "new_bytes": 3 * MSS, "span": 9 * MSS}
+
+
+def test_a_segment_overtaken_on_the_way_is_new_where_it_lands(spine):
+    """Two CPUs forwarding one flow can swap two of the port's own segments: the later one moves the
+    end over both, the earlier arrives inside that last advance and its bytes are new here (the
+    advance spanned them). Counted as resent, every such swap would read as a lost segment."""
+    spine.reset()
+    c = class_of(H2)
+    base = 70_000
+    spine.run("ingress", 0, seg(base, sport=41006))                    # end 1
+    spine.run("ingress", 0, seg(base + 8 * MSS, sport=41006))          # overtook segment 4: end 9, last advance 1..9
+    spine.run("ingress", 0, seg(base + 4 * MSS, sport=41006))          # segment 4, late
+    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    spine.run("ingress", 0, seg(base + 12 * MSS, sport=41006))         # end 13, last advance 9..13
+    spine.run("ingress", 0, seg(base + 4 * MSS, sport=41006))          # below it now: a retransmission
+    assert spans(spine, 0, c) == {"first": 3, "resent": 1, "new_bytes": 3 * MSS, "span": 12 * MSS}
+
+
+def test_spans_cross_the_sequence_wrap_and_a_new_connection_starts_over(spine):
+    spine.reset()
+    c = class_of(H2)
+    top = (1 << 32) - 2 * MSS
+    spine.run("ingress", 0, seg(top, sport=41003))
+    spine.run("ingress", 0, seg(top + 4 * MSS, sport=41003))           # past 2^32
+    assert spans(spine, 0, c) == {"first": 1, "resent": 0, "new_bytes": MSS, "span": 4 * MSS}
+    # the same addresses and ports open a new connection at another initial sequence number
+    spine.run("ingress", 0, seg(7, n=0, sport=41003, flags="S"))
+    spine.run("ingress", 0, seg(123_456, sport=41003))                 # first segment: sets the end
+    spine.run("ingress", 0, seg(123_456 + 2 * MSS, sport=41003))
+    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 6 * MSS}
+    # a jump no window allows restarts the flow instead of counting a span of 2^30 bytes
+    spine.run("ingress", 0, seg(123_456 + (1 << 30), sport=41003))
+    spine.run("ingress", 0, seg(123_456 + (1 << 30) + MSS, sport=41003))
+    assert spans(spine, 0, c) == {"first": 3, "resent": 0, "new_bytes": 3 * MSS, "span": 7 * MSS}
+
+
+def test_a_leaf_keeps_spans_on_its_uplinks_by_source_leaf_and_none_for_hosts(leaf):
+    """At a leaf the remote leaf is the source's (the uplink names the spine); a host port, and
+    packets a leaf sends, keep none. Acknowledgements and UDP carry no sequence span."""
+    leaf.reset()
+    src = class_of(H4)                            # from leaf2's host to leaf0's host h0
+    for i in (0, 4, 8):
+        leaf.run("ingress", 1, seg(9000 + i * MSS, sport=41004, src=H4, dst=H0))
+    leaf.run("ingress", 1, tcp(src=H4, dst=H0, sport=41004, flags="A", payload=b""))
+    leaf.run("ingress", 1, Ether(**MACS) / IP(src=H4, dst=H0) / UDP(sport=1, dport=2) / Raw(b"z" * 100))
+    assert spans(leaf, 1, src) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    for i in (0, 4, 8):
+        leaf.run("ingress", H0_PORT, seg(9000 + i * MSS, sport=41005, src=H0, dst=H2))
+    got = leaf.maps.read_pulse(leaf.maps.pulse_state()[0]).spans
+    assert got[H0_PORT].sum() == 0 and got[:, class_of(H0)].sum() == 0

@@ -24,6 +24,9 @@ struct pkt_info {
     u32 saddr, daddr;
     u8 proto;
     u32 dsack;      // sequence bytes a D-SACK block in this TCP segment reports (RFC 2883), 0 if none
+    u32 seq;        // TCP: the segment's first sequence number (host order)
+    u32 payload;    // TCP: payload bytes (from the IPv4 total length)
+    u8 syn_rst;     // TCP: SYN or RST set (a connection's sequence space starts over)
     struct iphdr *iph;
 };
 
@@ -128,6 +131,9 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
     pi->proto = 0;
     pi->saddr = pi->daddr = 0;
     pi->dsack = 0;
+    pi->seq = 0;
+    pi->payload = 0;
+    pi->syn_rst = 0;
     pi->iph = 0;
     if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
         return;
@@ -152,6 +158,9 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
             u32 payload = bpf_ntohs(iph->tot_len) - ihl - th->doff * 4;
             pi->kind = payload > 0 ? FP_KIND_TCP_DATA : FP_KIND_TCP_CTRL;
             pi->ports = ((u32)th->source << 16) | th->dest;
+            pi->seq = bpf_ntohl(th->seq);
+            pi->payload = payload;
+            pi->syn_rst = th->syn | th->rst;
             u8 *opt = (u8 *)(th + 1);
             if (th->doff > 5 && !(th->doff == 8 && (void *)(opt + 4) <= data_end && opt[0] == 1 && opt[1] == 1 &&
                                   opt[2] == 8 && opt[3] == 10)) {

@@ -6,6 +6,7 @@
 //            -> forward: a leaf sprays packets from a host port to another leaf over its uplinks;
 //               a spine, and a leaf towards its own hosts, send a packet to the port its
 //               destination address names (the kernel's routing does the rest)
+//            -> the owner's reference on fabric ports (per TCP flow: new bytes against the sequence span)
 //   egress:  count -> fault (faults on every link out of a switch, after counting)
 //
 // Compile-time parameters (-D, set by datapath.py from the fabric model): map sizes only, so that
@@ -43,6 +44,8 @@ BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
 BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
 BPF_PERCPU_ARRAY(fault_stats, struct fp_fault_stats, NPORTS * 2);
 BPF_PERCPU_ARRAY(spray_stats, u64, NPORTS);        // packets sprayed to each uplink
+BPF_TABLE("lru_hash", struct fp_flow_key, struct fp_flow, flows, FP_FLOWS);   // the spans' flows (switch.h)
+BPF_PERCPU_ARRAY(spans, struct fp_span, FP_RING * NPORTS * NSRC);   // per pulse [slot][port][remote leaf]
 
 // The testbed's address plan: 10.(L+1).0.0/16 belongs to leaf L.
 static __always_inline u32 leaf_class(u32 addr_be) {
@@ -69,6 +72,58 @@ static __always_inline u32 flow_hash(struct pkt_info *pi) {
     h *= 0x85ebca6bu;
     h ^= h >> 13;
     return h;
+}
+
+// The owner's same-packet reference (switch.h, struct fp_span): a TCP segment that came in on a
+// fabric port moves its flow's highest sequence end on that port, or counts as resent. ``cls`` is
+// the remote leaf's class (1..NLEAVES). A flow's first segment on a port, and the first after its
+// entry was evicted, only sets the end: neither its bytes nor a span count, so the sums stay paired.
+static __always_inline void track_span(struct pkt_info *pi, u32 port, u32 cls, u64 id) {
+    struct fp_flow_key key = {.saddr = pi->saddr, .daddr = pi->daddr, .ports = pi->ports, .port = port};
+    if (pi->syn_rst) {
+        flows.delete(&key);   // a new connection on the same addresses and ports: new sequence space
+        return;
+    }
+    if (pi->kind != FP_KIND_TCP_DATA || pi->payload >= 65536)
+        return;
+    u32 end = pi->seq + pi->payload;
+    struct fp_flow *f = flows.lookup(&key);
+    if (!f) {
+        struct fp_flow fresh = {.end = end, .prev = end};
+        flows.update(&key, &fresh);
+        return;
+    }
+    s32 adv = (s32)(end - f->end);
+    if (adv > (s32)FP_SPAN_LIMIT || adv < -(s32)FP_SPAN_LIMIT) {
+        f->end = end;         // no window moves that far: the flow starts over
+        f->prev = end;
+        return;
+    }
+    u32 idx = ring_slot(id) * NPORTS * NSRC + port * NSRC + cls;
+    struct fp_span *sp = spans.lookup(&idx);
+    if (!sp)
+        return;
+    if (sp->pulse != (u32)id) {
+        sp->pulse = id;
+        sp->first = 0;
+        sp->resent = 0;
+        sp->new_bytes = 0;
+        sp->span = 0;
+    }
+    if (adv <= 0) {
+        if ((s32)(pi->seq - f->prev) >= 0 && adv < 0) {
+            sp->first += 1;   // late inside the last advance: the port's own, overtaken (switch.h)
+            sp->new_bytes += pi->payload;
+        } else {
+            sp->resent += 1;
+        }
+        return;
+    }
+    f->prev = f->end;
+    f->end = end;
+    sp->first += 1;
+    sp->new_bytes += (u32)adv < pi->payload ? (u32)adv : pi->payload;
+    sp->span += (u32)adv;
 }
 
 // Returns 1 if the packet must be dropped.
@@ -153,6 +208,12 @@ int fp_ingress(struct __sk_buff *skb) {
         return TC_ACT_SHOT;
     u64 id = pi.iph ? pulse_tick(cfg, bpf_ktime_get_ns()) : pulse_now();
     count(skb, port, FP_DIR_IN, &pi, id);
+    if (pi.proto == IPPROTO_TCP && pi.kind != FP_KIND_BADHDR) {
+        // fabric links only: a spine's ports (remote leaf: the destination's), a leaf's uplinks (the source's)
+        u32 cls = !cfg->leaf_class ? pi.dst_leaf : port < cfg->nuplinks ? pi.src : 0;
+        if (cls >= 1 && cls <= NLEAVES)
+            track_span(&pi, port, cls, id);
+    }
     if (pi.kind == FP_KIND_BADHDR)
         return TC_ACT_OK;  // never forward it: the kernel's IP input discards it (InCsumErrors)
     if (cfg->mode == FP_SPRAY_OFF || !pi.dst_leaf)

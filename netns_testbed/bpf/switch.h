@@ -113,6 +113,44 @@ struct fp_prefix_key {
     u32 addr;        // network byte order
 };
 
+// The owner's same-packet reference (switch.c, ingress of fabric ports): per TCP flow and port the
+// highest sequence end seen there. The flow's packets are sprayed over the spines, so the segments
+// one port carries are a share of the flow's, and each advance of the highest end on that port
+// spans the bytes the flow sent over every spine since the port's previous segment. Per pulse and
+// (port, remote leaf) the program adds the spans and the new bytes the port's own segments carried:
+// new bytes = spray share x span on a healthy link, whatever the workload, the pulse's timing or
+// the retransmissions (a segment at or below the highest end is a retransmission, or a reordered
+// copy, and counts apart). A loss on the link into the port takes segments out of the new bytes
+// and nothing out of the span: the next segment that arrives spans the lost one too.
+// A segment that comes in below the highest end but inside its last advance is the port's own,
+// overtaken on the way (two CPUs forwarding one flow): its bytes are new here, and the advance that
+// overtook it already spanned them. A sender's retransmission comes a round trip later, when the
+// port's segments have moved the end on, and lies below the last advance.
+// The remote leaf is the packet's destination leaf at a spine (its ingress port is the source
+// leaf), the source leaf at a leaf (its uplink is the spine).
+#define FP_FLOWS 8192            // flows tracked per switch (LRU: the least recent is evicted)
+#define FP_SPAN_LIMIT (1U << 24) // an advance beyond this is no flow's window: the flow starts over
+
+struct fp_flow_key {
+    u32 saddr, daddr;  // network byte order
+    u32 ports;         // source << 16 | destination port, each as the header holds it
+    u32 port;          // the switch port the segments came in on
+};
+
+struct fp_flow {
+    u32 end;           // highest sequence end seen on this port (host order)
+    u32 prev;          // what it was before its last advance
+};
+
+struct fp_span {
+    u32 pulse;         // the (24-bit) pulse id these sums belong to
+    u32 first;         // segments with new data: beyond the highest end, or late inside its last advance
+    u32 resent;        // data segments below the last advance (retransmissions)
+    u32 pad;
+    u64 new_bytes;     // sequence bytes those segments carried beyond the highest end
+    u64 span;          // sequence bytes the highest end moved by
+};
+
 struct fp_fault_stats {
     u64 matched;     // packets on the link matching src/dst (whether hit or not)
     u64 hit;         // of those, dropped or corrupted
