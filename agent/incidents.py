@@ -43,17 +43,21 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from agent.detector import SwitchDetector
-from agent.detector.verdict import Ledger, LinkEvidence, Span, Verdict, evidence_from, settle
+from agent.detector.verdict import (Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from, path_evidence,
+                                   settle)
 from netns_testbed.topo import Fabric, Link, node_kind
 
 log = logging.getLogger("flowpulse.agent.incidents")
 # The verdict files' layout; an owner's file in another (an agent of another version during an upgrade)
 # gives no verdict: its alerts wait, as for an owner that stopped. 2: ledger rows carry timing weights.
-VERDICT_FORMAT = 2
+# 3: the ledger says what it judges by (its reference); leaves export their paths' evidence.
+VERDICT_FORMAT = 3
 
 
 class EvidenceSource(Protocol):
     def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None: ...
+
+    def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None: ...
 
 
 class LocalEvidence:
@@ -65,6 +69,10 @@ class LocalEvidence:
     def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         det = self.detectors().get(owner)
         return det.owned_evidence(link, since, loss) if det is not None else None
+
+    def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
+        det = self.detectors().get(leaf)
+        return det.path_evidence(name, since) if det is not None else None
 
 
 class VerdictFiles:
@@ -81,11 +89,23 @@ class VerdictFiles:
             ev = self.local.evidence(owner, link, since, loss)
             if ev is not None:
                 return ev
+        return self._exported(owner, link.name, since, loss)
+
+    def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
+        if self.local is not None:
+            ev = self.local.path(leaf, name, since)
+            if ev is not None:
+                return ev
+        return self._exported(leaf, name, since, 0.0, path=True)
+
+    def _exported(self, owner: str, name: str, since: float | Sequence[Span], loss: float,
+                  path: bool = False) -> LinkEvidence | None:
+        """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file."""
         try:
             d = json.loads((self.dir / f"{owner}.json").read_text())
         except (OSError, ValueError):
             return None
-        if time.time() - float(d.get("written", 0)) > self.max_age_s or link.name not in d.get("cells", {}):
+        if time.time() - float(d.get("written", 0)) > self.max_age_s or name not in d.get("cells", {}):
             return None
         if d.get("format") != VERDICT_FORMAT:
             if owner not in self._warned:
@@ -93,10 +113,11 @@ class VerdictFiles:
                 log.warning("%s's verdict file has format %s, this agent reads %d: no verdicts from %s until its "
                             "agent runs this version", owner, d.get("format", 1), VERDICT_FORMAT, owner)
             return None
-        ledger = Ledger(int(d["ncells"]))
+        ledger = Ledger(int(d["ncells"]), reference=Reference(d.get("reference", str(Reference.BALANCE))))
         ledger.load(d["ledger"])
-        return evidence_from(ledger, int(d["cells"][link.name]), since, link.name, owner,
-                             link.name in d.get("open_links", []), loss)
+        if path:
+            return path_evidence(ledger, int(d["cells"][name]), since, name, owner)
+        return evidence_from(ledger, int(d["cells"][name]), since, name, owner, name in d.get("open_links", []), loss)
 
 
 def write_verdicts(directory: Path, det: SwitchDetector) -> None:
@@ -104,7 +125,8 @@ def write_verdicts(directory: Path, det: SwitchDetector) -> None:
     if det.ledger is None:
         return
     d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells,
-         "cells": det.owned_cells(), "ledger": det.ledger.state(), "open_links": sorted(det.open_loss_links())}
+         "reference": str(det.ledger.reference), "cells": det.owned_cells(), "ledger": det.ledger.state(),
+         "open_links": sorted(det.open_loss_links())}
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / f"{det.switch}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -196,12 +218,23 @@ class IncidentTracker:
             return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
         up, down = ups[0], downs[0]
         rate = float(a["estimated_rate"])
-        ev = self._evidence(up, self.bursts.get(_burst_key(a), []) + [(_onset(a), math.inf)], rate)
-        sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
-        verdict, llr = settle(ev, rate, sd)
+        window = self.bursts.get(_burst_key(a), []) + [(_onset(a), math.inf)]
+        path = self._path(up, a["switch"], window)
+        if path is not None and path.start is not None:
+            window = window[:-1] + [(path.start, math.inf)]     # where the leaf's own evidence says it began
+        ev = self._evidence(up, window, rate)
+        if ev is not None and ev.reference is Reference.SPAN and path is not None:
+            # Both ends judge the same packets: spine K the link from leaf A, this leaf the path through
+            # spine K. Upstream, both read the loss; downstream, spine K reads none. The leaf's rate is its
+            # own path's (no model between two tests), its sd the path evidence's.
+            verdict, llr = settle(ev, path.rate, path.sd, model_error=0.0)
+        else:
+            sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
+            verdict, llr = settle(ev, rate, sd)
         detail = {"owner": up.dst, "verdict": str(verdict),
                   "llr_upstream": None if math.isinf(llr) else round(llr, 2),
-                  **({"owner_evidence": ev.to_dict()} if ev else {})}
+                  **({"owner_evidence": ev.to_dict()} if ev else {}),
+                  **({"path_evidence": path.to_dict()} if path else {})}
         if verdict is Verdict.UPSTREAM:
             att = Attribution(up.name, [up.name], f"{up.dst}'s verdict: its link from {up.src} is lossy", detail)
         elif verdict is Verdict.DOWNSTREAM:
@@ -216,6 +249,14 @@ class IncidentTracker:
         """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``, for an alert of
         rate ``loss``."""
         return self.source.evidence(link.dst, link, since, loss) if self.source is not None else None
+
+    def _path(self, up: Link, leaf: str, since: float | Sequence[Span]) -> LinkEvidence | None:
+        """The alerting leaf's own same-packet evidence on the path ``up`` then ``spineK->leaf``, if it
+        keeps one and judged it since ``since``."""
+        if self.source is None or not hasattr(self.source, "path"):
+            return None
+        ev = self.source.path(leaf, f"{up.name}->{leaf}", since)
+        return ev if ev is not None and not math.isinf(ev.sd) and ev.pulses >= 1 else None
 
     def _host(self, a: dict, cands: list[str]) -> Attribution:
         """A host port's surplus: ``leafM->hN``, unless the way back of hN's ACKs lost them. Named only when

@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.pulse import PulseCounts
+from agent.pulse import SPAN_FIELDS, PulseCounts
 from netns_testbed.topo import Fabric, FabricSpec, node_num
+
+
+SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES = (SPAN_FIELDS.index(f) for f in ("first", "resent", "new_bytes", "span"))
 
 
 @dataclass
@@ -52,6 +55,7 @@ class ModelSpec:
     out_of_service: list[str] = field(default_factory=list)
     weights: dict[str, float] = field(default_factory=dict)
     seed: int = 0
+    spans: bool = True                 # keep the same-packet reference's sums (the testbed's datapath does)
 
 
 class FabricModel:
@@ -162,6 +166,10 @@ class FabricModel:
         spine_bad = np.zeros((S, L, 2), np.int64)
         leaf_data = np.zeros_like(leaf_ip)
         spine_data = np.zeros_like(spine_ip)
+        # the same-packet reference (bpf/switch.h struct fp_span): [switch, port, remote leaf class, field]
+        leaf_span = np.zeros((L, S + H, nsrc, len(SPAN_FIELDS)), np.int64)
+        spine_span = np.zeros((S, L, nsrc, len(SPAN_FIELDS)), np.int64)
+        self._spans = (leaf_span, spine_span)
         n = len(self.hosts)
         for r in range(n):
             src_h, dst_h = self.hosts[r], self.hosts[(r + 1) % n]
@@ -172,7 +180,7 @@ class FabricModel:
                 bursts = self.rng.poisson(self.spec.spurious * self.pkts / self.spec.spurious_burst)
                 dup = int(self.rng.geometric(1.0 / self.spec.spurious_burst, bursts).sum()) if bursts else 0
             self._flow(a, b, ja, jb, self.pkts + dup, True, leaf_ip, spine_ip, leaf_bad, spine_bad, leaf_data,
-                       spine_data)
+                       spine_data, resent=dup)
             acks = self.rng.binomial(self.pkts, min(1.0, self.spec.ack_ratio)) if self.spec.ack_ratio < 1 else \
                 int(self.pkts * self.spec.ack_ratio)
             self._flow(b, a, jb, ja, acks, False, leaf_ip, spine_ip, leaf_bad, spine_bad)
@@ -180,15 +188,19 @@ class FabricModel:
         out = {}
         for li, leaf in enumerate(f.leaves):
             out[leaf] = PulseCounts(leaf, self.pulse, leaf_ip[li], leaf_bad[li], meta={"iter": self.pulse - 1},
-                                    data=leaf_data[li])
+                                    data=leaf_data[li], span=leaf_span[li] if self.spec.spans else None)
         for si, spine in enumerate(f.spines):
             out[spine] = PulseCounts(spine, self.pulse, spine_ip[si], spine_bad[si], meta={"iter": self.pulse - 1},
-                                     data=spine_data[si])
+                                     data=spine_data[si], span=spine_span[si] if self.spec.spans else None)
         return out
 
     def _flow(self, a: int, b: int, ja: int, jb: int, n: int, reliable: bool,
-              leaf_ip, spine_ip, leaf_bad, spine_bad, leaf_data=None, spine_data=None) -> None:
-        """One flow's packets. ``reliable``: data, resent until delivered, and counted in ``*_data`` too."""
+              leaf_ip, spine_ip, leaf_bad, spine_bad, leaf_data=None, spine_data=None, resent: int = 0) -> None:
+        """One flow's packets. ``reliable``: data, resent until delivered, and counted in ``*_data`` too;
+        ``resent`` of its ``n`` first sends are spurious retransmissions. A data flow's segments also go
+        into the same-packet reference (``_spans``): its first transmissions span the flow's sequence
+        space at every port they cross, each port's new bytes are the first transmissions that reached
+        it, and every retransmission (spurious, or of a loss) takes a rotation slot and counts as resent."""
         S = self.fabric.spec.spines
         src = a + 1
         hp_a, hp_b = S + ja, S + jb
@@ -196,10 +208,11 @@ class FabricModel:
         q_up, q_dn = self.host_up.get((a, ja), 0.0), self.host_down.get((b, jb), 0.0)
         w = self.shares[a, b]
         pending = n
-        for _ in range(50):
+        for rnd in range(50):
             if pending <= 0:
                 break
-            at_leaf = pending - (int(self.rng.binomial(pending, q_up)) if q_up else 0)   # lost on hN->leaf
+            lost_host = int(self.rng.binomial(pending, q_up)) if q_up else 0
+            at_leaf = pending - lost_host                                                   # lost on hN->leaf
             if a == b:
                 got = at_leaf
                 for lc, _ in ips:
@@ -216,6 +229,12 @@ class FabricModel:
                 arrived = at_spine - lost_dn - bad_dn
                 leaf_bad[b, :S, 0] += bad_dn
                 got = int(arrived.sum())
+                if reliable and self.spec.spans:
+                    first = n - resent if rnd == 0 else 0
+                    # first transmissions lost on the host's link never reach the fabric; their bytes are
+                    # spanned all the same, and their retransmissions come in later as resent
+                    lost_first = int(self.rng.hypergeometric(first, n - first, lost_host)) if first and lost_host else 0
+                    self._span(a, b, first, first - lost_first, at_leaf, c, at_spine, arrived)
                 for lc, sc in ips:
                     lc[a, hp_a, 0, src] += at_leaf            # host -> leaf (retransmissions included)
                     lc[a, :S, 1, src] += c                    # leaf a uplinks out
@@ -225,6 +244,29 @@ class FabricModel:
                     lc[b, hp_b, 1, src] += got                # leaf b -> host
             delivered = got - (int(self.rng.binomial(got, q_dn)) if q_dn else 0)   # lost on leaf->hN
             pending = (pending - delivered) if reliable else 0
+
+
+    def _span(self, a: int, b: int, first: int, first_in: int, sent: int, c: np.ndarray, at_spine: np.ndarray,
+              arrived: np.ndarray) -> None:
+        """One round of a data flow from leaf ``a`` to leaf ``b`` in the reference sums: the flow's
+        ``first`` first transmissions span its sequence space; ``sent`` packets reached leaf a, ``first_in``
+        of them first transmissions (their positions among the rotation's slots at random), ``c`` per
+        spine, ``at_spine`` reached each spine, ``arrived`` each uplink of leaf b. A loss takes a packet
+        of either kind alike."""
+        leaf_span, spine_span = self._spans
+        S = self.fabric.spec.spines
+        f_c = self.rng.multivariate_hypergeometric(c, first_in) if 0 < first_in < sent else (c if first_in else 0 * c)
+        f_sp = self.rng.binomial(f_c, np.divide(at_spine, c, out=np.zeros(S), where=c > 0))
+        f_ar = self.rng.binomial(f_sp, np.divide(arrived, at_spine, out=np.zeros(S), where=at_spine > 0))
+        mss = self.spec.mss
+        for arr, cnt, tot, port, cls in ((spine_span, f_sp, at_spine, (np.arange(S), a), b + 1),
+                                         (leaf_span, f_ar, arrived, (b, np.arange(S)), a + 1)):
+            idx = port + (cls,)
+            arr[idx + (SPAN_FIRST,)] += cnt
+            arr[idx + (SPAN_RESENT,)] += tot - cnt
+            arr[idx + (SPAN_NEW,)] += cnt * mss
+            if first:
+                arr[idx + (SPAN_BYTES,)] += np.where(cnt > 0, first * mss, 0)   # a port the flow reached
 
 
 def simulate(spec: ModelSpec, pulses: int, fault_from: int = 0) -> dict[str, list[PulseCounts]]:

@@ -67,9 +67,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.detector.config import DetectorConfig, Model
-from agent.detector.noise import NoiseModel
-from agent.detector.verdict import Ledger
-from agent.pulse import PulseCounts
+from agent.detector.noise import NoiseModel, SpanNoise
+from agent.detector.verdict import Ledger, Reference
+from agent.pulse import SPAN_FIELDS, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_num
 
 # Theoretical noise factor per spray mode (prior of NoiseModel.phi), and the variance floor.
@@ -119,6 +119,15 @@ TWO_WAY_SHARE = 0.1
 # CUSUMs are tuned to silent losses (0.25-2%); the leaves' peer test catches a gross loss in one pulse,
 # and the verdict ledger still records every pulse (a blackhole is localized by it).
 GROSS_SHARE = 0.2
+# The owner's same-packet reference (SpineCheck._span): its noise factors' priors (SpanNoise), live
+# means over healthy pulses of 4x4x2 rings of 4 MiB (`bench/span_floor.py RUNS`, "noise factors"):
+# per segment expected in cells with no resent segment, and per resent segment on top.
+# Per spray mode: rrdst the live mean (0.0033); rr the peer test's live factor of large flows (one
+# rotation per CPU, the same quantisation); random the multinomial's 1 - w at most.
+SPAN_PRIOR_E = {SprayMode.RRDST: 0.0033, SprayMode.RR: 0.03, SprayMode.RANDOM: 1.0}
+SPAN_PRIOR_R = 4.8
+BALANCE, SPAN = Reference.BALANCE, Reference.SPAN
+SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES = (SPAN_FIELDS.index(f) for f in ("first", "resent", "new_bytes", "span"))
 # The alarm's explain-away walks at most this many predecessors back (two retransmitting leaves in a
 # row; each hop adds a gap's noise to the partial sums whose least it takes).
 MAX_HOPS = 3
@@ -158,6 +167,7 @@ class Samples:
     cls: np.ndarray | int = 0   # noise class per cell (see NoiseModel)
     start_time: float | None = None  # of the pulse these samples judge (the spine judges one pulse late)
     raw: np.ndarray | None = None    # the deficits before the next pulse confirmed them (see confirmed)
+    path: "Samples | None" = None    # a leaf's same-packet reference per (source, uplink) path (PeerCheck)
 
 
 def confirmed(prev: Samples | None, cur: Samples, shape: tuple) -> Samples:
@@ -172,6 +182,62 @@ def confirmed(prev: Samples | None, cur: Samples, shape: tuple) -> Samples:
     r = np.where(prev.r > 0, np.minimum(prev.r, np.maximum(nxt, 0.0)), prev.r)
     return Samples(r, prev.u, prev.s, prev.mask, prev.expected, prev.observed, start_time=prev.start_time,
                    raw=prev.r)
+
+
+class ResentLevel:
+    """Per cell the usual number of resent segments, for the variance the verdict ledger weighs a pulse
+    with. The alarms weigh each pulse by its own resent segments (a burst of them is noise a CUSUM must
+    not read as a loss); a rate estimate must not: a loss's own retransmissions are resent segments of
+    the same pulse, so a pulse that lost more would weigh less, and the estimate reads low (the model,
+    a 0.53% drop on a 4 MiB ring at 4x4x1: 0.28% over the fault's first 7 pulses). The ledger takes the
+    cell's level before this pulse instead: an average over about ``1 / ALPHA`` pulses, which follows a
+    lasting loss's retransmissions without following any one pulse's."""
+
+    ALPHA = 0.2
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.level = np.zeros(shape)
+        self.seen = np.zeros(shape, dtype=bool)
+
+    def weights(self, u: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """``u`` = (expected, resent) per cell with the resent segments replaced by the level before this
+        pulse (this pulse's own where there is none yet); then the level takes this pulse in."""
+        R = u[..., 1]
+        out = np.stack([u[..., 0], np.where(self.seen, self.level, R)], axis=-1)
+        self.level = np.where(mask, np.where(self.seen, (1 - self.ALPHA) * self.level + self.ALPHA * R, R), self.level)
+        self.seen |= mask
+        return out
+
+    def state(self) -> dict:
+        return {"level": self.level.tolist(), "seen": self.seen.tolist()}
+
+    def load(self, d: dict | None) -> None:
+        if d:
+            self.level = np.asarray(d["level"], dtype=float).reshape(self.level.shape)
+            self.seen = np.asarray(d["seen"], dtype=bool).reshape(self.seen.shape)
+
+
+def path_name(source: int, spine: int, leaf: str) -> str:
+    """A leaf's path into it from a source leaf through a spine: ``leafA->spineK->leafM``."""
+    return f"leaf{source}->spine{spine}->{leaf}"
+
+
+def span_samples(sp: np.ndarray, share: np.ndarray | None, judged: np.ndarray, min_pkts: float,
+                 expected_bytes: np.ndarray | None = None) -> Samples:
+    """The same-packet reference over cells (bpf/switch.h, struct fp_span): ``sp[..., field]`` the span
+    sums of each cell, ``share`` the spray share of its flows that should cross it (or
+    ``expected_bytes`` given). What should have come in, the share of the flows' sequence spans, against
+    the new bytes that did, in segments of the cell's mean size: ``r = e - observed``, ``s = e`` (a loss
+    p takes p of them), ``u = (e, resent)`` (:class:`agent.detector.noise.SpanNoise`). A cell is judged
+    with at least ``min_pkts`` segments expected and seen."""
+    sp = sp.astype(float)
+    new_b, first, resent = sp[..., SPAN_NEW], sp[..., SPAN_FIRST], sp[..., SPAN_RESENT]
+    exp_b = share * sp[..., SPAN_BYTES] if expected_bytes is None else expected_bytes
+    seg = np.divide(new_b, first, out=np.ones_like(new_b), where=first > 0)   # the cell's mean segment, bytes
+    e, obs = exp_b / seg, new_b / seg
+    mask = judged & (first >= min_pkts) & (e >= min_pkts)
+    u = np.stack([np.where(mask, e, 1.0), np.where(mask, resent, 0.0)], axis=-1)
+    return Samples(np.where(mask, e - obs, 0.0), u, np.where(mask, e, 0.0), mask, e, obs)
 
 
 @dataclass(frozen=True)
@@ -217,6 +283,14 @@ class PeerCheck:
         self.learn_pulses = np.zeros(L, dtype=np.int64)
         self.findings: list[tuple[tuple, float, float]] = []   # (cell, rate, z) of asymmetry at start
         self.last: Samples | None = None
+        # The leaf's own evidence on the paths into it (counts with sequence spans): per (source leaf a,
+        # uplink k) the spray share of a's flows' spans through spine k against the new bytes that came in
+        # on uplink k. A loss on ``leafa->spinek`` or on ``spinek->thisleaf`` reads the same here; spine
+        # k's own reference tells the two apart (agent.incidents settles an ambiguous alert with both).
+        self.w_path = w                                            # share of a's traffic through spine k
+        self.path_noise = SpanNoise(SPAN_PRIOR_E[spray], SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
+        self.path_ledger = Ledger(L * S, reference=SPAN)           # cell a * S + k
+        self.path_resent = ResentLevel((L, S))
 
     def shares(self) -> np.ndarray:
         if self.cfg.model is Model.ANALYTIC:
@@ -248,7 +322,18 @@ class PeerCheck:
         if self.spray is SprayMode.RR:
             cls = np.broadcast_to(rr_class(n), self.shape)
         self.last = Samples(w * n - c, u, s, mask, w * n, c, cls)
+        if pc.span is not None:
+            path = span_samples(pc.span[:self.S, 1:self.L + 1, :].transpose(1, 0, 2), self.w_path,
+                                self.usable, self.cfg.min_cell_pkts)
+            v = self.path_noise.variance(self.path_resent.weights(path.u, path.mask))
+            self.path_ledger.add(pc.start_time, path.r.ravel(), v.ravel(), path.s.ravel(), np.zeros(path.r.size),
+                                 path.mask.ravel())
+            self.last.path = path
         return self.last
+
+    def path_cell(self, source: int, spine: int) -> int:
+        """The path ledger's cell of ``leaf<source>->spine<spine>->`` this leaf."""
+        return source * self.S + spine
 
     def _learning(self, c: np.ndarray, n: np.ndarray, ready: np.ndarray) -> np.ndarray:
         """Learned model: a source's first ``learn_pulses`` pulses measure its shares (not judged)."""
@@ -275,6 +360,8 @@ class PeerCheck:
             self.findings.append(((a, int(k)), float(rate), float(z[k])))
 
     def learn(self, smp: Samples) -> None:
+        if smp.path is not None:
+            self.path_noise.learn(*self.path_noise.sample(smp.path.r, smp.path.u, smp.path.mask))
         if self.cfg.model is Model.LEARNED:
             rows = smp.mask.any(axis=1)
             self.learn_c[rows] += smp.observed[rows]
@@ -288,12 +375,17 @@ class PeerCheck:
 
     def state(self) -> dict:
         return {"learn_c": self.learn_c.tolist(), "learn_n": self.learn_n.tolist(),
-                "learn_pulses": self.learn_pulses.tolist()}
+                "learn_pulses": self.learn_pulses.tolist(), "path_ledger": self.path_ledger.state(),
+                "path_noise": self.path_noise.state(), "path_resent": self.path_resent.state()}
 
     def load(self, d: dict) -> None:
         self.learn_c = np.asarray(d["learn_c"], dtype=float).reshape(self.learn_c.shape)
         self.learn_n = np.asarray(d["learn_n"], dtype=float).reshape(self.learn_n.shape)
         self.learn_pulses = np.asarray(d["learn_pulses"], dtype=np.int64).reshape(self.learn_pulses.shape)
+        self.path_ledger.load(d.get("path_ledger", []))
+        if "path_noise" in d:
+            self.path_noise.load(d["path_noise"])
+        self.path_resent.load(d.get("path_resent"))
 
 
 class TotalsPeerCheck(PeerCheck):
@@ -363,20 +455,48 @@ class SpineCheck:
         # every pair into and out of leaf x must cross this spine for the balance to hold
         self.judged = names_ok & np.array([(wk[x][off[x]] > 0).all() and (wk[:, x][off[:, x]] > 0).all()
                                            for x in range(L)])
+        # the reference needs only some of leaf x's traffic to cross this spine (its flows' spans say how much)
+        self.span_judged = names_ok & (wk.sum(axis=1) > 0)
         self.inv_out = np.divide(1.0, wk, out=np.zeros_like(wk), where=wk > 0)  # [a, b]
         self.shape = (L,)
         self.port_of_cell = np.arange(L)                                # port a faces leaf a
         self._held: Samples | None = None                               # the pulse waiting for its successor
         self.noise = NoiseModel(SPINE_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
-        self.ledger = Ledger(L)                                         # the owner's verdict evidence, per port
+        self.span_noise = SpanNoise(SPAN_PRIOR_E[spray], SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
+        self.ledger = Ledger(L, reference=BALANCE)                      # the owner's verdict evidence, per port
+        self.resent = ResentLevel((L,))
+
+    @property
+    def reference(self) -> Reference:
+        """What this spine's verdicts judge by: the same-packet reference once its counts carry sequence
+        spans (the first pulse says), the balance before."""
+        return self.ledger.reference
 
     def samples(self, pc: PulseCounts) -> Samples:
-        """The previous pulse's samples, its deficits as far as this pulse confirms them."""
+        """The previous pulse's balance, its deficits as far as this pulse confirms them (the alarm).
+
+        The verdict ledger takes the same-packet reference when the counts carry sequence spans, the
+        balance otherwise. The reference does not alarm: it reads a loss anywhere before this spine,
+        the sender's host link included (a segment lost there is spanned, and its retransmission comes
+        in as resent), the same at every spine; what names ``leafA->spineK`` alone must not move with
+        that. A leaf's alert on one uplink asks for it, with its own path's evidence beside it
+        (agent.incidents)."""
+        if pc.span is not None:
+            self.ledger.reference = SPAN
+            ref = self._span(pc)
+            self.ledger.add(pc.start_time, ref.r, self.span_noise.variance(self.resent.weights(ref.u, ref.mask)),
+                            ref.s, np.zeros(self.L), ref.mask)
         cur, r_own, u_own, counted = self._balance(pc)
         cur.start_time = pc.start_time
-        self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, cur.expected, counted)
+        if pc.span is None:
+            self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, cur.expected, counted)
+        else:
+            cur.path = ref
         prev, self._held = self._held, cur
-        return confirmed(prev, cur, self.shape)
+        out = confirmed(prev, cur, self.shape)
+        out.path = prev.path if prev is not None else None
+        return out
+
 
     def _balance(self, pc: PulseCounts) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray]:
         """One pulse's balance per port, retransmissions explained away (judged a pulse later), and the
@@ -432,8 +552,25 @@ class SpineCheck:
         ring = mask & (np.abs(gap) <= GROSS_SHARE * np.maximum(expected, inn))
         return Samples(r, u, s, ring, expected, inn), r_own, u_own, mask
 
+    def _span(self, pc: PulseCounts) -> Samples:
+        """The same-packet reference per port (bpf/switch.h, struct fp_span): what leaf a's flows through
+        this spine should have brought, the spray share of their sequence spans per destination leaf,
+        against the new bytes that came in on port a, in segments of the port's mean size. A loss p on
+        ``leafa->spineK`` takes p of the port's segments out of the new bytes and nothing out of the spans:
+        ``r = p e`` with ``e`` the segments expected, whatever the workload, the pulse's timing or the
+        retransmissions (which are told apart by sequence). The rate is the link's own: a leaf
+        downstream sees the same segments missing. No confirmation by the next pulse: a stall that cuts
+        an iteration moves spans and new bytes together."""
+        L = self.L
+        sp = pc.span[:L, 1:L + 1, :].astype(float)          # [port a, destination leaf b, field]
+        smp = span_samples(sp.sum(axis=1, keepdims=True), None, self.span_judged[:, None], self.cfg.min_cell_pkts,
+                           expected_bytes=(self.wk * sp[:, :, SPAN_BYTES]).sum(axis=1, keepdims=True))
+        return Samples(smp.r[:, 0], smp.u[:, 0], smp.s[:, 0], smp.mask[:, 0], smp.expected[:, 0],
+                       smp.observed[:, 0], start_time=pc.start_time)
+
     def learn(self, smp: Samples) -> None:
-        return None
+        if smp.path is not None:
+            self.span_noise.learn(*self.span_noise.sample(smp.path.r, smp.path.u, smp.path.mask))
 
     def suspects(self, idx: tuple) -> Suspect:
         (a,) = idx
@@ -447,10 +584,15 @@ class SpineCheck:
         return node_num(link.src)
 
     def state(self) -> dict:
-        return {"ledger": self.ledger.state()}
+        return {"ledger": self.ledger.state(), "reference": str(self.reference), "resent": self.resent.state(),
+                "span_noise": self.span_noise.state()}
 
     def load(self, d: dict) -> None:
         self.ledger.load(d.get("ledger", []))
+        self.ledger.reference = Reference(d.get("reference", str(BALANCE)))
+        self.resent.load(d.get("resent"))
+        if "span_noise" in d:
+            self.span_noise.load(d["span_noise"])
 
 
 def host_delivered(pc: PulseCounts, S: int, H: int, mss: float) -> np.ndarray:

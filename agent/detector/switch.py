@@ -36,14 +36,14 @@ from scipy.special import ndtri
 from agent.detector.alerts import Alert, AlertBook, OpenAlert
 from agent.detector.arl import budget_ln_arl
 from agent.detector.checks import (CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, Suspect,
-                                   TotalsPeerCheck)
+                                   TotalsPeerCheck, path_name)
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, repair_ln_arl, reverse_llr_poisson
-from agent.detector.verdict import Ledger, LinkEvidence, Span, evidence_from
+from agent.detector.verdict import Ledger, LinkEvidence, Span, evidence_from, path_evidence
 from agent.pulse import PulseAssembler, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
-STATE_VERSION = 3   # 3: the verdict ledger keeps each pulse's timing weight
+STATE_VERSION = 4   # 4: verdict ledgers from sequence spans when the counts carry them (a spine's, a leaf's paths)
 # Host ports are not judged while a fabric loss into the leaf shows (see observe); a switch for the
 # recorded-run tests that show what each rule fixes
 HOSTS_WAIT_FOR_FABRIC_LOSS = True
@@ -288,16 +288,33 @@ class SwitchDetector:
     # -- the owner's verdicts (see agent.detector.verdict) -----------------------------------
     @property
     def ledger(self) -> Ledger | None:
-        """The per-pulse evidence behind this switch's verdicts (spines with the balance test)."""
-        return next((c.ledger for c in self.checks if isinstance(c, SpineCheck)), None)
+        """The per-pulse evidence behind this switch's verdicts: a spine's on the links into it, a leaf's
+        on the paths into it (when its counts carry sequence spans; see :meth:`owned_cells`)."""
+        spine = next((c.ledger for c in self.checks if isinstance(c, SpineCheck)), None)
+        if spine is not None:
+            return spine
+        return next((c.path_ledger for c in self.checks if type(c) is PeerCheck and c.path_ledger.rows), None)
 
     def owned_cells(self) -> dict[str, int]:
-        """Links this switch gives verdicts on -> their ledger cell."""
+        """What this switch gives verdicts on -> its ledger cell: a spine the links into it
+        (``leafA->spineK``), a leaf the paths into it (``leafA->spineK->leafM``: the same-packet reference
+        of leaf A's flows through spine K, lossy whether ``leafA->spineK`` or ``spineK->leafM`` drops)."""
         chk = next((c for c in self.checks if isinstance(c, SpineCheck)), None)
         if chk is None:
-            return {}
+            peer = next((c for c in self.checks if type(c) is PeerCheck), None)
+            if peer is None or not peer.path_ledger.rows:
+                return {}
+            return {path_name(a, k, self.switch): peer.path_cell(a, k) for a, k in zip(*np.nonzero(peer.usable))}
         links = (Link(p.peer, self.switch) for p in self.fabric.ports[self.switch])
         return {l.name: cell for l in links if (cell := chk.owned_cell(l)) is not None}
+
+    def path_evidence(self, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
+        """A leaf's same-packet evidence on a path into it (``leafA->spineK->`` this leaf) from pulses that
+        started at or after ``since``; None if it keeps none."""
+        cell = self.owned_cells().get(name) if self.is_leaf else None
+        if cell is None:
+            return None
+        return path_evidence(self.ledger, cell, since, name, self.switch)
 
     def open_loss_links(self) -> set[str]:
         return {oa.alert.link for oa in self.book.open.values() if oa.alert.kind == "loss" and oa.alert.link}

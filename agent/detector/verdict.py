@@ -58,6 +58,7 @@ otherwise. An owner with an alert open on the link has already decided.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -78,6 +79,19 @@ HELD_BACK_Z = 3.0      # a pulse this far (sd) from the window's other pulses ma
 # Variance of the share of a pulse's expected count that a boundary moves, per unit of the loss rate
 # (the loss's recovery episodes stall the ring: the variance grows with their number); see above.
 TIMING_VAR_PER_LOSS = 0.0015
+# A loss's onset is moved later than the alert's (Ledger.onset) only when that is this many nats more
+# likely: one pulse that read low by chance must not take the loss's first pulse out of the window.
+ONSET_GAIN = 3.0
+
+
+class Reference(str, Enum):
+    """What an owner's ledger judges by."""
+
+    BALANCE = "balance"   # a spine's in/out balance of a leaf (different packets: timing and model error)
+    SPAN = "span"         # the same-packet reference: new bytes against the flows' sequence spans
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class Verdict(str, Enum):
@@ -100,11 +114,13 @@ class LinkEvidence:
     sd: float            # its standard deviation (inf when nothing was judged)
     pulses: int          # judged pulses in the window
     alert_open: bool     # the owner has a loss alert open on this link
+    reference: Reference = Reference.BALANCE
+    start: float | None = None   # where the window it judged began, when the owner chose it (a path's onset)
 
     def to_dict(self) -> dict:
         return {"link": self.link, "owner": self.owner, "rate": round(self.rate, 6),
                 "sd": None if math.isinf(self.sd) else round(self.sd, 6), "pulses": self.pulses,
-                "alert_open": self.alert_open}
+                "alert_open": self.alert_open, "reference": str(self.reference)}
 
 
 # Pulses an alert was open over: those that started at or after the first time and before the second
@@ -121,24 +137,33 @@ def spans(since: "float | Sequence[Span]") -> list[Span]:
     return [(float(lo), float(hi)) for lo, hi in since]
 
 
-Row = tuple[float, float, float]   # one pulse's (a, b, bg) in a cell: bg = b * expected / s (see Ledger.add)
+# One pulse's (a, b, w) in a cell. The third column is the balance's timing weight ``b * expected / s``
+# (see :func:`timing_variance`); the same-packet reference has no pulse timing, and keeps there the
+# segments at stake ``s`` (what a loss's own binomial noise scales with: a rate q adds q / s to one
+# pulse's variance of its rate).
+Row = tuple[float, float, float]
 
 
 class Ledger:
     """Per pulse and cell the sufficient statistics of an owner's test, for the last ``LEDGER_PULSES`` pulses."""
 
-    def __init__(self, ncells: int, maxlen: int = LEDGER_PULSES) -> None:
+    def __init__(self, ncells: int, maxlen: int = LEDGER_PULSES, reference: Reference = Reference.BALANCE) -> None:
         self.ncells = ncells
+        self.reference = reference
         self.rows: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=maxlen)
 
     def add(self, start_time: float, r: np.ndarray, v: np.ndarray, s: np.ndarray, expected: np.ndarray,
             mask: np.ndarray) -> None:
         """One pulse: per cell the deficit ``r``, its null variance ``v``, the deficit ``s`` a unit loss
-        rate causes and the expected count (what a pulse boundary's timing moves a share of)."""
+        rate causes and the expected count (what a pulse boundary's timing moves a share of; unused by
+        the same-packet reference, which keeps ``s`` instead: see :data:`Row`)."""
         ok = mask & (s > 0)
         a = np.where(ok, r * s / v, 0.0)
         b = np.where(ok, s * s / v, 0.0)
-        bg = np.where(ok, b * expected / np.where(ok, s, 1.0), 0.0)
+        if self.reference is Reference.SPAN:
+            bg = np.where(ok, s, 0.0)
+        else:
+            bg = np.where(ok, b * expected / np.where(ok, s, 1.0), 0.0)
         self.rows.append((float(start_time), a, b, bg, ok.astype(np.int64)))
 
     def window(self, cell: int, since: "float | Sequence[Span]") -> list[Row]:
@@ -156,8 +181,37 @@ class Ledger:
                     before = row if judged else None
                 elif t < hi - SLACK_S and judged:
                     rows.append(row)
-            out += fold_held_back(rows, before)
+            # the same-packet reference has no pulse timing to take out: a pulse boundary moves spans and
+            # new bytes together
+            out += rows if self.reference is Reference.SPAN else fold_held_back(rows, before)
         return out
+
+    def onset(self, cell: int, since: "float | Sequence[Span]") -> float | None:
+        """Where a loss in ``cell`` most likely began, at or after the start of ``since``'s last span (the
+        same-packet reference only): the judged pulse ``s`` that maximises the profile likelihood of
+        "no loss before ``s``, a constant loss from ``s`` on" (each pulse's rate ``a / b`` with its null
+        variance ``1 / b`` plus the loss's own ``q / s``), if it beats the span's first pulse by
+        ``ONSET_GAIN`` nats; else that first pulse. None without a judged pulse. The alarms' onset (a
+        CUSUM's last zero) is often a pulse or two early, and pulses before the loss dilute a verdict."""
+        lo, hi = spans(since)[-1]
+        rows = [(t, float(a[cell]), float(b[cell]), float(w[cell])) for t, a, b, w, m in self.rows
+                if lo - SLACK_S <= t < hi - SLACK_S and m[cell] and b[cell] > 0]
+        if not rows or self.reference is not Reference.SPAN:
+            return rows[0][0] if rows else None
+
+        def gain(k: int) -> float:
+            kept = rows[k:]
+            q = max(sum(r[1] for r in kept) / sum(r[2] for r in kept), 0.0)
+            out = 0.0
+            for _, a, b, seg in kept:
+                x, v0 = a / b, 1.0 / b
+                v1 = v0 + q / max(seg, 1.0)
+                out += -0.5 * (x - q) ** 2 / v1 - 0.5 * math.log(v1) + 0.5 * x * x / v0 + 0.5 * math.log(v0)
+            return out
+
+        gains = [gain(k) for k in range(len(rows))]
+        best = int(np.argmax(gains))
+        return rows[best][0] if gains[best] - gains[0] >= ONSET_GAIN else rows[0][0]
 
     def state(self) -> list:
         return [[t, a.tolist(), b.tolist(), bg.tolist(), m.tolist()] for t, a, b, bg, m in self.rows]
@@ -285,13 +339,31 @@ def evidence_from(ledger: Ledger, cell: int, since: float | Sequence[Span], link
     sa = sum(r[0] for r in rows)
     sb = sum(r[1] for r in rows)
     if sb <= 0:
-        return LinkEvidence(link, owner, 0.0, math.inf, n, alert_open)
+        return LinkEvidence(link, owner, 0.0, math.inf, n, alert_open, ledger.reference)
     q = sa / sb
+    if ledger.reference is Reference.SPAN:
+        # the same packets at both ends: no pulse timing. The scatter is judged against each pulse's null
+        # noise plus the loss's own binomial noise at the window's rate (a loss's pulses scatter by it and
+        # say nothing against the model); the sd stays the null one: what "no loss here" would give.
+        chi2 = sum((a / b - q) ** 2 / (1.0 / b + max(q, 0.0) / max(seg, 1.0)) for a, b, seg in rows)
+        return LinkEvidence(link, owner, q, math.sqrt(scatter_ratio(chi2, n) / sb), n, alert_open, ledger.reference)
     share2 = timing_share2(loss)
     # per pulse: (a/b - q)^2 against 1/b + the timing of its two boundaries, 2 share2 (bg / b)^2
     chi2 = sum((a / b - q) ** 2 / pulse_variance(b, bg, share2) for a, b, bg in rows)
     var = (1.0 / sb + timing_variance(rows, share2)) * scatter_ratio(chi2, n)
-    return LinkEvidence(link, owner, q, math.sqrt(var), n, alert_open)
+    return LinkEvidence(link, owner, q, math.sqrt(var), n, alert_open, ledger.reference)
+
+
+def path_evidence(ledger: Ledger, cell: int, since: float | Sequence[Span], name: str, owner: str) -> LinkEvidence:
+    """A leaf's evidence on a path into it (its same-packet reference, see
+    :meth:`agent.detector.switch.SwitchDetector.path_evidence`) from the loss's most likely onset on
+    (:meth:`Ledger.onset`, within ``since``'s last span), with that onset as ``start``: the window the
+    path's owner and the upstream link's owner are both read over."""
+    start = ledger.onset(cell, since)
+    if start is not None:
+        since = [*spans(since)[:-1], (start, spans(since)[-1][1])]
+    ev = evidence_from(ledger, cell, since, name, owner, False, 0.0)
+    return dataclasses.replace(ev, start=start)
 
 
 def sprt_pulses(rate: float, sd: float) -> float:
@@ -309,7 +381,8 @@ def sprt_pulses(rate: float, sd: float) -> float:
     return (1 - 2 * alpha) * math.log((1 - alpha) / alpha) / (rate * rate / (2 * sd * sd))
 
 
-def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 2) -> tuple[Verdict, float]:
+def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int = 2,
+           model_error: float = MODEL_ERROR) -> tuple[Verdict, float]:
     """Upstream or downstream for a downstream alert of estimated ``rate`` (sd ``rate_sd``), given the
     owner's evidence since the alert's onset; returns the verdict and the log-likelihood ratio (upstream
     against downstream). ``min_pulses``: the owner's window must hold this many pulses once a pulse
@@ -329,7 +402,7 @@ def settle(ev: LinkEvidence | None, rate: float, rate_sd: float, min_pulses: int
     if ev.pulses < min_pulses:
         return Verdict.UNDECIDED, 0.0
     p = max(rate, 0.0)
-    var_up = ev.sd ** 2 + rate_sd ** 2 + (MODEL_ERROR * p) ** 2
+    var_up = ev.sd ** 2 + rate_sd ** 2 + (model_error * p) ** 2
     var_dn = ev.sd ** 2
     mu_dn = min(ev.rate, 0.0)
     llr = (-0.5 * (ev.rate - p) ** 2 / var_up - 0.5 * math.log(var_up)) \
