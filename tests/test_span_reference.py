@@ -204,3 +204,28 @@ def test_a_recorded_run_the_balance_left_unnamed_is_named_one_iteration_after_de
 def test_span_priors_exist_for_every_spray_mode():
     """Every spray mode a fabric can run has its reference's noise prior (a mode added without one fails)."""
     assert set(SPAN_PRIOR_E) == set(SprayMode) and all(v > 0 for v in SPAN_PRIOR_E.values()) and SPAN_PRIOR_R > 0
+
+
+def test_exported_verdict_files_give_the_same_span_evidence_as_the_detectors(tmp_path):
+    """Agents in separate processes read each other's evidence from files (write_verdicts): a spine's on its
+    links and a leaf's on its paths, with their reference, equal to what the detectors give in process."""
+    from agent.detector import SwitchDetector
+    from agent.incidents import LocalEvidence, VerdictFiles, write_verdicts
+    from netns_testbed.topo import Link
+
+    spec = ModelSpec(fabric=FabricSpec(leaves=4, spines=4, hosts_per_leaf=2), faults={"leaf1->spine2": 0.01}, seed=4)
+    fab = Fabric(spec.fabric)
+    dets = {sw: SwitchDetector(fab, sw, DetectorConfig(), SprayMode.RRDST) for sw in fab.switches}
+    for sw, pulses in simulate(spec, 40, fault_from=30).items():
+        for i, pc in enumerate(pulses):
+            pc.start_time, pc.end_time = float(i), i + 0.5
+            dets[sw].observe(pc)
+    for det in dets.values():
+        write_verdicts(tmp_path, det)
+    files, local = VerdictFiles(tmp_path, max_age_s=3600), LocalEvidence(lambda: dets)
+    link = Link("leaf1", "spine2")
+    a, b = files.evidence("spine2", link, 30.0, 0.01), local.evidence("spine2", link, 30.0, 0.01)
+    assert a == b and a.reference is Reference.SPAN and a.rate > 0.005
+    path = "leaf1->spine2->leaf2"
+    a, b = files.path("leaf2", path, 25.0), local.path("leaf2", path, 25.0)
+    assert a == b and a.reference is Reference.SPAN and a.start == 30.0 and a.rate > 0.005

@@ -55,6 +55,11 @@ from certified-healthy pulses (:meth:`learn`).
   0.56 sd of signal per pulse. Jobs whose traffic is unbalanced in every
   pulse (a parameter server, a broadcast loop) break the premise: turn the
   test off with ``spine_test: false``.
+* The same-packet reference (counts with sequence spans, :func:`span_samples`): what a port should
+  have received of its flows, the spray share of their sequence spans, against the new bytes that came
+  in. A spine keeps it per port (``leafA->spineK``), a leaf per (source leaf, uplink) path
+  (``leafA->spineK->leafM``). It feeds the owners' verdict ledgers, not the alarms: it also reads a
+  loss on the sender's host link, at every spine alike.
 * :class:`CorruptionCheck` (every switch). Frames with a broken IPv4 header
   received on a port, against the link's background damaged-frame rate: a
   Poisson CUSUM (:class:`agent.detector.evidence.PoissonCusum`).
@@ -167,7 +172,7 @@ class Samples:
     cls: np.ndarray | int = 0   # noise class per cell (see NoiseModel)
     start_time: float | None = None  # of the pulse these samples judge (the spine judges one pulse late)
     raw: np.ndarray | None = None    # the deficits before the next pulse confirmed them (see confirmed)
-    path: "Samples | None" = None    # a leaf's same-packet reference per (source, uplink) path (PeerCheck)
+    path: "Samples | None" = None    # the same pulse's same-packet reference (a leaf's paths, a spine's ports)
 
 
 def confirmed(prev: Samples | None, cur: Samples, shape: tuple) -> Samples:
@@ -496,7 +501,6 @@ class SpineCheck:
         out = confirmed(prev, cur, self.shape)
         out.path = prev.path if prev is not None else None
         return out
-
 
     def _balance(self, pc: PulseCounts) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray]:
         """One pulse's balance per port, retransmissions explained away (judged a pulse later), and the

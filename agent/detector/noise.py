@@ -67,31 +67,23 @@ class NoiseModel:
         self.n = np.asarray(d["n"], dtype=float).reshape(self.phi0.shape)
 
 
-class SpanNoise:
-    """The null variance of the owner's same-packet reference (:class:`agent.detector.checks.SpineCheck`
-    on counts with sequence spans): ``V = phi_e e + phi_r R`` per cell, with ``u = (e, R)``.
+class SpanNoise(NoiseModel):
+    """The null variance of the owners' same-packet reference (:func:`agent.detector.checks.span_samples`):
+    ``V = phi_e e + phi_r R`` per cell, with ``u = (e, R)``.
 
     ``e``: the segments the port should have received (the spray share of its flows' sequence spans);
     ``R``: the data segments it received below its flows' last advance (retransmissions). Resent
     segments take the spray's rotation slots of first transmissions at the spine they cross, and the
     others' resent segments give them back: the deficit moves by about ``R_K - w R_all`` (a live fit on
     healthy pulses: 0.79 R_K - 0.18 R_others at w = 1/4), which the owner cannot see, so it is noise that
-    grows with ``R``. ``phi_e`` is learned from certified-healthy cells without resent segments
-    (``r^2 / e``), ``phi_r`` from those with them (``(r^2 - phi_e e) / R``), each from a measured prior
-    worth ``prior_dof`` cells, each sample clipped at ``CLIP`` times its variance. The priors are live
-    medians (``bench/span_floor.py`` prints them: 4x4x2, 4 MiB rings, healthy pulses).
+    grows with ``R``. The two factors are :class:`NoiseModel`'s classes 0 and 1: ``phi_e`` is learned
+    from certified-healthy cells without resent segments (``r^2 / e``), ``phi_r`` from those with them
+    (``(r^2 - phi_e e) / R``), each from a measured prior worth ``prior_dof`` cells, each sample clipped
+    at ``CLIP`` times its variance. The priors are live means (``bench/span_floor.py`` prints them).
     """
 
     def __init__(self, phi_e0: float, phi_r0: float, prior_dof: float, floor: float) -> None:
-        self.phi0 = np.array([phi_e0, phi_r0], dtype=float)
-        self.prior_dof = float(prior_dof)
-        self.floor = float(floor)
-        self.ssq = np.zeros(2)
-        self.n = np.zeros(2)
-
-    @property
-    def phis(self) -> np.ndarray:
-        return (self.prior_dof * self.phi0 + self.ssq) / (self.prior_dof + self.n)
+        super().__init__([phi_e0, phi_r0], prior_dof, floor)
 
     @property
     def phi(self) -> float:
@@ -111,16 +103,3 @@ class SpanNoise:
         rest = np.maximum(x[~quiet] - self.phis[0] * e[~quiet], 0.0) / R[~quiet]
         return (np.array([float((x[quiet] / e[quiet]).sum()), float(rest.sum())]),
                 np.array([float(quiet.sum()), float((~quiet).sum())]))
-
-    def learn(self, ssq: np.ndarray, n: np.ndarray) -> None:
-        self.ssq += ssq
-        self.n += n
-
-    def state(self) -> dict:
-        return {"ssq": self.ssq.tolist(), "n": self.n.tolist(), "phi0": self.phi0.tolist()}
-
-    def load(self, d: dict) -> None:
-        if not np.allclose(np.asarray(d.get("phi0", self.phi0), dtype=float), self.phi0):
-            raise ValueError("saved noise prior differs")
-        self.ssq = np.asarray(d["ssq"], dtype=float).reshape(2)
-        self.n = np.asarray(d["n"], dtype=float).reshape(2)

@@ -304,7 +304,8 @@ class SwitchDetector:
             peer = next((c for c in self.checks if type(c) is PeerCheck), None)
             if peer is None or not peer.path_ledger.rows:
                 return {}
-            return {path_name(a, k, self.switch): peer.path_cell(a, k) for a, k in zip(*np.nonzero(peer.usable))}
+            return {path_name(int(a), int(k), self.switch): peer.path_cell(int(a), int(k))
+                    for a, k in zip(*np.nonzero(peer.usable))}
         links = (Link(p.peer, self.switch) for p in self.fabric.ports[self.switch])
         return {l.name: cell for l in links if (cell := chk.owned_cell(l)) is not None}
 

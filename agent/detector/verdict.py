@@ -55,6 +55,17 @@ edges not to matter.
 It decides when the log-likelihood ratio passes ``ln(DECIDE_LR)`` either way
 (Wald: a wrong decision has probability below ``1 / DECIDE_LR``), and waits
 otherwise. An owner with an alert open on the link has already decided.
+
+The same-packet reference (``Reference.SPAN``: counts with sequence spans, see
+agent.detector.checks.span_samples) changes three things. The owner's rate is
+its link's own loss rate, read from the same packets a downstream leaf counts:
+no pulse timing (no fold, no timing term) and no model between the two ends.
+The leaf keeps the same evidence on its path (``leafA->spineK->leafM``), and
+the tracker settles with that path's rate and sd in place of the alert's and
+``model_error`` 0, over the window from the loss's most likely onset on the
+path (:meth:`Ledger.onset`). And a window's scatter is judged against each
+pulse's null noise plus the loss's own binomial noise, so the evidence's sd
+stays the null one under a loss.
 """
 from __future__ import annotations
 
@@ -120,7 +131,8 @@ class LinkEvidence:
     def to_dict(self) -> dict:
         return {"link": self.link, "owner": self.owner, "rate": round(self.rate, 6),
                 "sd": None if math.isinf(self.sd) else round(self.sd, 6), "pulses": self.pulses,
-                "alert_open": self.alert_open, "reference": str(self.reference)}
+                "alert_open": self.alert_open, "reference": str(self.reference),
+                **({"start": self.start} if self.start is not None else {})}
 
 
 # Pulses an alert was open over: those that started at or after the first time and before the second
