@@ -119,9 +119,9 @@ struct fp_prefix_key {
 // spans the bytes the flow sent over every spine since the port's previous segment. Per pulse and
 // (port, remote leaf) the program adds the spans and the new bytes the port's own segments carried:
 // new bytes = spray share x span on a healthy link, whatever the workload, the pulse's timing or
-// the retransmissions (a segment at or below the highest end is a retransmission, or a reordered
-// copy, and counts apart). A loss on the link into the port takes segments out of the new bytes
-// and nothing out of the span: the next segment that arrives spans the lost one too.
+// the retransmissions (a segment below the port's last advance is a retransmission and counts
+// apart). A loss on the link into the port takes segments out of the new bytes and nothing out of
+// the span: the next segment that arrives spans the lost one too.
 // A segment that comes in below the highest end but inside its last advance is the port's own,
 // overtaken on the way (two CPUs forwarding one flow): its bytes are new here, and the advance that
 // overtook it already spanned them. A sender's retransmission comes a round trip later, when the
@@ -147,7 +147,7 @@ struct fp_span {
     u32 first;         // segments with new data: beyond the highest end, or late inside its last advance
     u32 resent;        // data segments below the last advance (retransmissions)
     u32 pad;
-    u64 new_bytes;     // sequence bytes those segments carried beyond the highest end
+    u64 new_bytes;     // their bytes: beyond the highest end, or the whole of a late one
     u64 span;          // sequence bytes the highest end moved by
 };
 
