@@ -13,9 +13,10 @@ What each switch decides alone, and what is fused from alerts:
   the others and no other loss is open.
 * A leaf's deficit on uplink K from a single source leaf A is ambiguous between
   its own ``spineK->leafM`` and spine K's ``leafA->spineK``. It is settled by
-  spine K's *verdict* on the link spine K owns (an open alert there, or the
-  evidence of its balance test since the leaf's onset; see
-  :mod:`agent.detector.verdict`). No counters are exchanged and nothing is probed.
+  spine K's *verdict* on the link spine K owns (an open alert there, or its
+  evidence since the leaf's onset: its same-packet reference when the counts carry
+  sequence spans, set beside the leaf's own on the path, else its balance test;
+  see :mod:`agent.detector.verdict`). No counters are exchanged and nothing is probed.
   Until the verdict is in, the incident is ``localizing`` and names both
   candidates; a link is never named from evidence older than the onset.
 
