@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from netns_testbed.datapath import SPAN_FIELDS   # PulseCounts.span's last axis (bpf/switch.h)
+from netns_testbed.datapath import (SPAN_BYTES, SPAN_FIELDS, SPAN_FIRST, SPAN_NEW,  # noqa: F401
+                                    SPAN_RESENT)   # PulseCounts.span's last axis (bpf/switch.h)
 
 
 @dataclass

@@ -31,11 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.pulse import SPAN_FIELDS, PulseCounts
+from agent.pulse import SPAN_BYTES, SPAN_FIELDS, SPAN_FIRST, SPAN_NEW, SPAN_RESENT, PulseCounts
 from netns_testbed.topo import Fabric, FabricSpec, node_num
-
-
-SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES = (SPAN_FIELDS.index(f) for f in ("first", "resent", "new_bytes", "span"))
 
 
 @dataclass

@@ -42,9 +42,8 @@ from agent.feed import Judge  # noqa: E402
 from analysis.replay import in_time_order  # noqa: E402
 from analysis.rundir import check_replayable, load_pulses  # noqa: E402
 from netns_testbed.errors import SpecError  # noqa: E402
-from netns_testbed.topo import Fabric, FabricSpec, SprayMode, node_kind, node_num  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec, SprayMode, node_kind  # noqa: E402
 
-FIRST, RESENT, NEW, SPAN = range(4)      # PulseCounts.span's fields
 
 
 def robust_sd(x: np.ndarray) -> float:
@@ -53,36 +52,19 @@ def robust_sd(x: np.ndarray) -> float:
 
 def span_rates(fabric: Fabric, switch: str, pulses) -> dict[str, list[tuple[float, float, float]]]:
     """Per directed link (a spine's ``leafX->spineK``, a leaf's path ``leafX->spineK->leafM``): per pulse
-    (start time, loss-rate estimate ``1 - new / expected``, data segments expected)."""
+    (start time, loss-rate estimate ``r / e``, data segments expected ``e``), as the switch's detector
+    reads them (agent.detector.checks.span_samples: SpineCheck's per port, PeerCheck's per path)."""
+    from agent.detector.checks import PeerCheck, SpineCheck
+    spine = node_kind(switch) == "spine"
+    chk = (SpineCheck if spine else PeerCheck)(fabric, switch, SprayMode.RRDST, DetectorConfig(), {}, [], set())
     out: dict[str, list[tuple[float, float, float]]] = {}
-    L = fabric.spec.leaves
     for pc in pulses:
         if pc.span is None:
             continue
-        sp = pc.span.astype(float)
-        if node_kind(switch) == "spine":
-            for x in range(L):             # port x faces leaf x; remote class b + 1: destination leaf b
-                share = np.array([fabric.spray_shares(f"leaf{x}", f"leaf{b}").get(switch, 0.0) if b != x else 0.0
-                                  for b in range(L)])
-                exp_b = (share * sp[x, 1:L + 1, SPAN]).sum()
-                new_b = sp[x, 1:L + 1, NEW].sum()
-                segs = sp[x, 1:L + 1, FIRST].sum()
-                if exp_b > 0 and segs >= 20:
-                    mss = new_b / segs
-                    out.setdefault(f"leaf{x}->{switch}", []).append((pc.start_time, 1 - new_b / exp_b, exp_b / mss))
-        else:
-            m = node_num(switch)
-            for k in range(fabric.spec.spines):
-                spine = f"spine{k}"
-                for x in range(L):
-                    if x == m:
-                        continue
-                    share = fabric.spray_shares(f"leaf{x}", switch).get(spine, 0.0)
-                    exp_b = share * sp[k, x + 1, SPAN]
-                    new_b, segs = sp[k, x + 1, NEW], sp[k, x + 1, FIRST]
-                    if exp_b > 0 and segs >= 20:
-                        out.setdefault(f"leaf{x}->{spine}->{switch}", []).append(
-                            (pc.start_time, 1 - new_b / exp_b, exp_b / (new_b / segs)))
+        smp = chk._span(pc) if spine else chk.samples(pc).path
+        for cell in zip(*np.nonzero(smp.mask)):
+            name = f"leaf{cell[0]}->{switch}" if spine else f"leaf{cell[0]}->spine{cell[1]}->{switch}"
+            out.setdefault(name, []).append((pc.start_time, float(smp.r[cell] / smp.s[cell]), float(smp.s[cell])))
     return out
 
 

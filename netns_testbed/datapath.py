@@ -96,6 +96,7 @@ class Span(ct.Structure):
 
 
 SPAN_FIELDS = ("first", "resent", "new_bytes", "span")   # PulseSlot.spans' (and PulseCounts.span's) last axis
+SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES = range(len(SPAN_FIELDS))
 
 
 class Config(ct.Structure):
@@ -565,16 +566,12 @@ class CounterMaps:
         slots = self.shape.port_slots
         n, nd = self.shape.ncounters, slots * 2
         counts, newer = sum_pulse(self.maps["counters"].get_range_per_cpu(slot * n, n), pulse)
-        dcpu = self.maps["dup"].get_range_per_cpu(slot * nd, nd)
-        dmine, dnewer = _tags(dcpu["pulse"], pulse)
-        dups = np.stack([np.where(dmine, dcpu[f], 0).sum(axis=1, dtype=np.int64) for f in ("segs", "bytes")], -1)
+        dups, dnewer = sum_tagged(self.maps["dup"].get_range_per_cpu(slot * nd, nd), pulse, ("segs", "bytes"))
         spans, snewer = None, False
         if "spans" in self.maps:
             ns = slots * self.nsrc
-            scpu = self.maps["spans"].get_range_per_cpu(slot * ns, ns)
-            smine, snewer = _tags(scpu["pulse"], pulse)
-            spans = np.stack([np.where(smine, scpu[f], 0).sum(axis=1, dtype=np.int64) for f in SPAN_FIELDS],
-                             -1).reshape(slots, self.nsrc, len(SPAN_FIELDS))[:self.nports]
+            spans, snewer = sum_tagged(self.maps["spans"].get_range_per_cpu(slot * ns, ns), pulse, SPAN_FIELDS)
+            spans = spans.reshape(slots, self.nsrc, len(SPAN_FIELDS))[:self.nports]
         rec = self.maps["pulses"].get(slot)
         ours = rec.pulse == pulse
         return PulseSlot(pulse, counts.reshape(slots, 2, self.nsrc, NKIND)[:self.nports],
@@ -590,6 +587,14 @@ def sum_pulse(per_cpu: np.ndarray, pulse: int) -> tuple[np.ndarray, bool]:
     # a batched matrix product [1, cpu] x [cpu, kind] per element, in float64 (BLAS; exact below 2^53)
     summed = np.matmul(mine.astype(np.float64)[:, None, :], per_cpu["pkts"].astype(np.float64))
     return summed.reshape(len(per_cpu), -1).astype(np.int64), newer
+
+
+def sum_tagged(per_cpu: np.ndarray, pulse: int, fields: tuple[str, ...]) -> tuple[np.ndarray, bool]:
+    """Per-CPU elements tagged with their pulse (``pulse`` field), [element, cpu]: each of ``fields``
+    summed over the CPUs that hold ``pulse``, int64 [element, field]; and whether any value already
+    belongs to a later pulse."""
+    mine, newer = _tags(per_cpu["pulse"], pulse)
+    return np.stack([np.where(mine, per_cpu[f], 0).sum(axis=1, dtype=np.int64) for f in fields], -1), newer
 
 
 def _is_newer(tag: int, pulse: int) -> bool:

@@ -19,13 +19,13 @@ from agent.detector.checks import SPAN_PRIOR_E, SPAN_PRIOR_R, ResentLevel, Spine
 from agent.detector.noise import SpanNoise
 from agent.detector.verdict import (DECIDE_LR, Ledger, LinkEvidence, Reference, Verdict, evidence_from,
                                     path_evidence, settle)
-from agent.pulse import SPAN_FIELDS
+from agent.pulse import SPAN_BYTES, SPAN_FIELDS, SPAN_FIRST, SPAN_NEW, SPAN_RESENT
 from analysis.model import ModelSpec, simulate
 from analysis.replay import replay_dir
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 
 RUN = Path(__file__).parent / "data" / "recorded-runs" / "span-drop-0.5pct-spine0-leaf1"
-FIRST, RESENT, NEW, SPAN = (SPAN_FIELDS.index(f) for f in ("first", "resent", "new_bytes", "span"))
+FIRST, RESENT, NEW, SPAN = SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES
 MSS = 1448
 
 

@@ -74,7 +74,7 @@ import numpy as np
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.noise import NoiseModel, SpanNoise
 from agent.detector.verdict import Ledger, Reference
-from agent.pulse import SPAN_FIELDS, PulseCounts
+from agent.pulse import SPAN_BYTES, SPAN_FIRST, SPAN_NEW, SPAN_RESENT, PulseCounts
 from netns_testbed.topo import Fabric, Link, SprayMode, node_num
 
 # Theoretical noise factor per spray mode (prior of NoiseModel.phi), and the variance floor.
@@ -132,7 +132,6 @@ GROSS_SHARE = 0.2
 SPAN_PRIOR_E = {SprayMode.RRDST: 0.0033, SprayMode.RR: 0.03, SprayMode.RANDOM: 1.0}
 SPAN_PRIOR_R = 4.8
 BALANCE, SPAN = Reference.BALANCE, Reference.SPAN
-SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES = (SPAN_FIELDS.index(f) for f in ("first", "resent", "new_bytes", "span"))
 # The alarm's explain-away walks at most this many predecessors back (two retransmitting leaves in a
 # row; each hop adds a gap's noise to the partial sums whose least it takes).
 MAX_HOPS = 3
