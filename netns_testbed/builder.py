@@ -121,7 +121,7 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
         _make_routes(prefix, fabric, Testbed(state).out_of_service, ifindexes)
         if opts.datapath:
             say(f"compiling and attaching the eBPF datapath on {len(fabric.switches)} switches ({opts.hook.label})")
-            _attach_datapath(prefix, fabric, state, ifindexes)
+            _attach_datapath(prefix, fabric, state, ifindexes, _make_sinks(prefix, fabric))
         state.status = "up"
         write_state(state)
     except BaseException:
@@ -177,6 +177,21 @@ def _make_links(prefix: str, fabric: Fabric, opts: UpOptions) -> dict[str, list[
     return ifindexes
 
 
+SINK_IFNAME = "fpsink"   # per switch: a veth pair left down, no port; injected drops go there (switch.c fault_drop)
+
+
+def _make_sinks(prefix: str, fabric: Fabric) -> dict[str, int]:
+    """Each switch's sink: made after its ports, so that the ports keep the low interface indices the
+    datapath's port table holds. Down, so the kernel discards what is sent to it and counts it there
+    only: no port's statistics show an injected fault."""
+    sinks = {}
+    for sw in fabric.switches:
+        with iproute(namespace(prefix, sw)) as ipr:
+            ipr.link("add", ifname=SINK_IFNAME, kind="veth", peer={"ifname": SINK_IFNAME + "-peer"})
+            sinks[sw] = ipr.link_lookup(ifname=SINK_IFNAME)[0]
+    return sinks
+
+
 def _make_routes(prefix: str, fabric: Fabric, out_of_service, ifindexes: dict[str, list[int]]) -> None:
     oos = {l.name for l in out_of_service}
     for host in fabric.hosts:
@@ -210,7 +225,8 @@ def _make_routes(prefix: str, fabric: Fabric, out_of_service, ifindexes: dict[st
                 ipr.route("add", dst=str(Fabric.leaf_subnet(p.peer)), gateway=str(gw))
 
 
-def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes: dict[str, list[int]]) -> None:
+def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes: dict[str, list[int]],
+                     sinks: dict[str, int]) -> None:
     sdir = state_dir(prefix)
     bpffs = sdir / "bpf"
     bpffs.mkdir(parents=True, exist_ok=True)
@@ -230,7 +246,7 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
             maps = dp.SwitchMaps(fabric, sdir, sw)
             try:
                 maps.set_ports(ifindexes[sw])
-                maps.set_config(state.spray, state.gap_ms)
+                maps.set_config(state.spray, state.gap_ms, sinks[sw])
                 maps.set_spray(state.weights, tb.out_of_service)
             finally:
                 maps.close()

@@ -101,7 +101,7 @@ SPAN_FIRST, SPAN_RESENT, SPAN_NEW, SPAN_BYTES = range(len(SPAN_FIELDS))
 
 class Config(ct.Structure):
     _fields_ = [("mode", ct.c_uint32), ("gap_units", ct.c_uint32), ("leaf_class", ct.c_uint32),
-                ("nuplinks", ct.c_uint32), ("nhosts", ct.c_uint32)]
+                ("nuplinks", ct.c_uint32), ("nhosts", ct.c_uint32), ("sink", ct.c_uint32)]
 
 
 class PortOut(ct.Structure):
@@ -679,10 +679,14 @@ class SwitchMaps(CounterMaps):
         p = self.fabric.ports[self.switch][port]
         return net_u32(self.fabric.ports[p.peer][p.peer_index].address.ip)
 
-    def set_config(self, mode: str, gap_ms: float) -> None:
+    def set_config(self, mode: str, gap_ms: float, sink: int | None = None) -> None:
+        """Spray mode and pulse gap; ``sink``: the ifindex injected drops go to (builder.py makes one per
+        switch; None keeps the one set)."""
         units = max(1, int(round(gap_ms * 1e6 / PULSE_UNIT_NS)))
+        if sink is None:
+            sink = self.maps["config"].get(0).sink
         self.maps["config"].set(0, Config(SPRAY_CODES[mode], units, self.shape.leaf_class, self.shape.nuplinks,
-                                           self.shape.nhosts))
+                                           self.shape.nhosts, sink))
 
     def set_spray(self, weights: dict[str, float], out_of_service: list[Link]) -> None:
         """Fill this leaf's per-destination spray tables from the fabric model.

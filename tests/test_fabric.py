@@ -18,6 +18,7 @@ from scapy.packet import Raw
 
 from netns_testbed import bpfmaps, builder, faults, hooks
 from netns_testbed.bpfmaps import loaded_programs, tcx_supported
+from netns_testbed.builder import SINK_IFNAME
 from netns_testbed.errors import EnvironmentProblem
 from netns_testbed.hooks import Hook
 from netns_testbed.counters import port_rows
@@ -126,7 +127,7 @@ def test_iproute_socket_stays_in_its_namespace(default_testbed):
     with iproute(tb.ns("leaf0")) as ipr:
         assert os.stat("/proc/thread-self/ns/net").st_ino == home
         names = {l.get_attr("IFLA_IFNAME") for l in ipr.get_links()}
-    assert names == {"lo"} | {p.ifname for p in tb.fabric.ports["leaf0"]}
+    assert names == {"lo", SINK_IFNAME, SINK_IFNAME + "-peer"} | {p.ifname for p in tb.fabric.ports["leaf0"]}
 
 
 def test_other_shape_2x3x1(make_testbed):

@@ -170,6 +170,17 @@ static __always_inline int apply_fault(struct __sk_buff *skb, u32 port, u32 hook
     return 1;
 }
 
+// An injected drop, silent as a real one: the packet is redirected to the namespace's sink, an
+// interface that is down and is no port, whose own tx_dropped is the only counter it reaches. A
+// program's own drop (TC_ACT_SHOT) on egress counts in the port's tx_dropped (6.18, tcx and clsact
+// alike): an interface-counter monitor then "sees" a fault that a real fabric would not show
+// (tests/test_silent_faults.py reads every interface's statistics and the sink's count).
+static __always_inline int fault_drop(struct fp_config *cfg) {
+    if (cfg && cfg->sink)
+        return bpf_redirect(cfg->sink, 0);
+    return TC_ACT_SHOT;
+}
+
 // The switch port a packet crosses, or -1 for an interface that is no port: an array indexed by
 // the interface index (inlined by the verifier: no hashing on the per-packet path).
 static __always_inline int lookup_port(struct __sk_buff *skb) {
@@ -205,7 +216,7 @@ int fp_ingress(struct __sk_buff *skb) {
     struct pkt_info pi = {};
     classify(skb, &pi, 1);
     if (apply_fault(skb, port, FP_HOOK_INGRESS, &pi))
-        return TC_ACT_SHOT;
+        return fault_drop(cfg);
     u64 id = pi.iph ? pulse_tick(cfg, bpf_ktime_get_ns()) : pulse_now();
     count(skb, port, FP_DIR_IN, &pi, id);
     if (pi.proto == IPPROTO_TCP && pi.kind != FP_KIND_BADHDR) {
@@ -266,7 +277,9 @@ int fp_egress(struct __sk_buff *skb) {
     struct pkt_info pi = {};
     classify(skb, &pi, 0);
     count(skb, port, FP_DIR_OUT, &pi, pulse_now());   // every packet sent came in on a port: the clock moved there
-    if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi))
-        return TC_ACT_SHOT;
+    if (apply_fault(skb, port, FP_HOOK_EGRESS, &pi)) {
+        int k0 = 0;
+        return fault_drop(config.lookup(&k0));
+    }
     return TC_ACT_OK;
 }

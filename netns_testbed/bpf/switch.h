@@ -78,6 +78,8 @@ struct fp_config {
     u32 leaf_class;  // this leaf's source class (leaf number + 1); 0 on a spine
     u32 nuplinks;    // a leaf's uplinks are ports 0..nuplinks-1; 0 on a spine
     u32 nhosts;      // a leaf's hosts: host j (10.(L+1).j.2) is behind port nuplinks + j; 0 on a spine
+    u32 sink;        // ifindex of the namespace's sink (a down interface that is no port): where an
+                     // injected drop goes (switch.c, fault_drop); 0: none, the program drops itself
 };
 
 // Where a port's packets go when the program sends them itself (a leaf's spray, or a destination
