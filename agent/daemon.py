@@ -70,6 +70,8 @@ class SwitchAgent:
         self.reader = reader
         self.detector = self._make_detector()
         self._restore()
+        self.change_seen: tuple[int, int | None] | None = None
+        self.follow_changes()
         self.sinks = list(sinks or [])
         self.alerts_total: dict[str, int] = {}
         self.last_pulse: PulseCounts | None = None
@@ -135,9 +137,26 @@ class SwitchAgent:
         from it relearns from scratch."""
         self.dep = self.dep.reload()
         self.detector = self._make_detector()
+        self.change_seen = None
+        self.follow_changes()
         self.save_state()
         log.info("%s: accepted current fabric state of %s (spray %s, %d out of service); relearning",
                  self.switch, self.dep.name, self.dep.spray, len(self.dep.out_of_service))
+
+    def follow_changes(self) -> None:
+        """Take a drain or a restore (the deployment's latest spray change) as soon as it is recorded:
+        the detector takes the new shares and skips the pulses that cross the change (reshare)."""
+        if self.dep.latest_change is None:
+            return
+        chg = self.dep.latest_change()
+        if chg is None or (chg.epoch, chg.t1_ns) == self.change_seen:
+            return
+        first = self.change_seen is None
+        self.change_seen = (chg.epoch, chg.t1_ns)
+        self.detector.reshare(list(chg.out_of_service), chg.t0_ns, chg.t1_ns)
+        if not first or chg.t1_ns is None:
+            log.info("%s: spray change %d (%s %s): %d link(s) out of service", self.switch, chg.epoch, chg.action,
+                     ", ".join(l.name for l in chg.links), len(chg.out_of_service))
 
     def step(self) -> list[Alert]:
         """Read the next closed pulse, if any, and run the detector on it. After a pause the
@@ -155,6 +174,7 @@ class SwitchAgent:
         if pc.nports != self.detector.nports:
             log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
             self.detector = self._make_detector()
+        self.follow_changes()   # after the pulse closed: a change that reached its packets is recorded by now
         events = self.detector.observe(pc)
         if events or self.pulses % self.opts.save_every == 0:
             self.save_state()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from netns_testbed.topo import Fabric, Link, SprayMode
+from netns_testbed.topo import Fabric, Link, SprayChange, SprayMode
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class Deployment:
     verdict_dir: Path                  # verdict evidence each switch's agent exports and the others read
     reload: Callable[[], "Deployment"]  # SIGHUP: the same source read again
     per_source: bool = True            # the counts split packets by source leaf (not interface statistics)
+    # The latest change of the spray tables (a drain, a restore), read again when its source changed; None:
+    # the deployment's links in service change only by reload (a site file).
+    latest_change: Callable[[], SprayChange | None] | None = None
 
 
 def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
@@ -40,4 +43,33 @@ def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
     return Deployment(name=f"testbed {tb.prefix}", fabric=tb.fabric, spray=SprayMode.parse(tb.state.spray),
                       weights=dict(tb.state.weights), out_of_service=tuple(tb.out_of_service),
                       degraded=tuple(tb.fabric.parse_link_list(degraded)), state_dir=tb.dir / "detector",
-                      verdict_dir=tb.dir / "verdicts", reload=reload)
+                      verdict_dir=tb.dir / "verdicts", reload=reload, latest_change=ChangeWatch(tb))
+
+
+class ChangeWatch:
+    """The testbed's latest spray change, from its state file: read again only when the file was replaced
+    (one stat per call)."""
+
+    def __init__(self, tb) -> None:
+        self.tb = tb
+        self.path = tb.dir / "state.json"
+        self.key: tuple[int, int] | None = None
+        self.change: SprayChange | None = None
+
+    def __call__(self) -> SprayChange | None:
+        from netns_testbed.errors import StateError
+        from netns_testbed.state import Testbed
+
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return self.change          # going down: the agent stops on its own
+        key = (st.st_ino, st.st_mtime_ns)
+        if key != self.key:
+            try:
+                self.change = Testbed.load(self.tb.prefix).latest_change
+            except StateError:
+                return self.change      # being taken down: nothing changes any more
+            self.key = key
+        return self.change
+

@@ -70,15 +70,8 @@ class FabricModel:
         self.hosts = order[:n]
         self.leaf_of = [node_num(f.host_leaf(h)) for h in self.hosts]
         self.pkts = int(np.ceil(2 * (n - 1) / n * spec.size / spec.mss))
-        self.oos = f.parse_link_list(spec.out_of_service)
         L, S = f.spec.leaves, f.spec.spines
-        self.shares = np.zeros((L, L, S))
-        for a in range(L):
-            for b in range(L):
-                if a != b:
-                    sh = f.spray_shares(f"leaf{a}", f"leaf{b}", spec.weights, self.oos)
-                    for s, w in sh.items():
-                        self.shares[a, b, node_num(s)] = w
+        self.set_out_of_service(f.parse_link_list(spec.out_of_service))
         self.up_loss = np.zeros((L, S))
         self.down_loss = np.zeros((S, L))
         self.up_bad = np.zeros((L, S))
@@ -87,6 +80,19 @@ class FabricModel:
         self.host_down: dict[tuple[int, int], float] = {}   # (leaf, slot) -> drop rate on leafM->hN
         self.pulse = 0
         self.set_faults(spec.faults, spec.corrupt)
+
+    def set_out_of_service(self, oos: list) -> None:
+        """The leaves spray with ``oos`` out of service from the next pulse on (a drain, a restore)."""
+        f = self.fabric
+        L, S = f.spec.leaves, f.spec.spines
+        self.oos = list(oos)
+        self.shares = np.zeros((L, L, S))
+        for a in range(L):
+            for b in range(L):
+                if a != b:
+                    sh = f.spray_shares(f"leaf{a}", f"leaf{b}", self.spec.weights, self.oos)
+                    for s, w in sh.items():
+                        self.shares[a, b, node_num(s)] = w
 
     def set_faults(self, drops: dict[str, float], corrupt: dict[str, float] | None = None) -> None:
         for arr in (self.up_loss, self.down_loss, self.up_bad, self.down_bad):

@@ -1,4 +1,4 @@
-"""``flowpulse fabric up|down|status|ping``: build, inspect and remove a testbed."""
+"""``flowpulse fabric up|down|status|drain|restore|ping``: build, change, inspect and remove a testbed."""
 from __future__ import annotations
 
 import argparse
@@ -52,6 +52,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="the counter source the files name (netlink: interface statistics, no BPF)")
     add_common(ex)
     ex.set_defaults(func=cmd_export_site)
+
+    dr = fsub.add_parser(
+        "drain", help="stop spraying over leaf-spine links, while jobs run", formatter_class=Formatter,
+        epilog="examples:\n  sudo flowpulse fabric drain 'leaf2->spine1'\n"
+               "  sudo flowpulse fabric drain 'leaf0<->spine3' --min-spines 2\n"
+               "A drained leafA->spineK takes spine K out of leaf A's spray tables; a drained spineK->leafL\n"
+               "takes it out of every leaf's table towards leaf L. Each leaf switches its tables at once;\n"
+               "running agents take the new shares at the same moment (no alert, nothing relearned).\n"
+               "Refused, nothing changed (exit 4): a drain that leaves a leaf fewer than --min-spines\n"
+               "spines towards another leaf. Draining a drained link changes nothing (exit 0).")
+    dr.add_argument("links", nargs="+", metavar="LINK", help="a->b, or a<->b for both directions")
+    dr.add_argument("--min-spines", type=int, default=1,
+                    help="spines every leaf must keep towards every other leaf")
+    add_common(dr)
+    dr.set_defaults(func=cmd_drain)
+
+    rs = fsub.add_parser(
+        "restore", help="spray over drained links again", formatter_class=Formatter,
+        epilog="examples:\n  sudo flowpulse fabric restore 'leaf2->spine1'\n  sudo flowpulse fabric restore --all\n"
+               "Links out of service since `fabric up --out-of-service` stay out.")
+    rs.add_argument("links", nargs="*", metavar="LINK", help="a->b, or a<->b for both directions")
+    rs.add_argument("--all", action="store_true", help="every drained link")
+    add_common(rs)
+    rs.set_defaults(func=cmd_restore)
 
     pg = fsub.add_parser("ping", help="all-pairs ICMP reachability between hosts", formatter_class=Formatter)
     add_common(pg)
@@ -131,8 +155,46 @@ def cmd_status(args: argparse.Namespace) -> int:
         data = [builder.status(args.prefix)]
     else:
         data = [builder.status(p) for p in sorted(beds)]
-    emit(args, data, lambda d: table(d, ["prefix", "status", "namespaces", "spray", "hook", "faults", "healthy"]))
+    emit(args, data, lambda d: table(d, ["prefix", "status", "namespaces", "spray", "hook", "faults", "drained", "healthy"]))
     return 0 if all(d.get("healthy") for d in data) else 1
+
+
+def _spray_change(args: argparse.Namespace, change, verb: str) -> int:
+    from netns_testbed.drain import as_dict
+    from netns_testbed.state import Testbed
+
+    tb = Testbed.load(args.prefix)
+    data = {"changed": change is not None, "change": as_dict(change), "drained": [l.name for l in tb.drained]}
+    emit(args, data, lambda d: (f"{verb} {', '.join(d['change']['links'])} in "
+                                f"{(d['change']['t1_ns'] - d['change']['t0_ns']) / 1e6:.1f} ms"
+                                if d["changed"] else "nothing to change")
+         + f"; drained now: {', '.join(d['drained']) or 'none'}")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    from netns_testbed import drain
+    from netns_testbed.nsutil import require_root
+    from netns_testbed.state import Testbed
+
+    tb = Testbed.load(args.prefix)
+    links = tb.fabric.parse_link_list(args.links)
+    tb.fabric.check_drain(tb.out_of_service, links, args.min_spines)   # refused before anything is touched
+    require_root()
+    return _spray_change(args, drain.drain(tb, links, args.min_spines), "drained")
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from netns_testbed import drain
+    from netns_testbed.nsutil import require_root
+    from netns_testbed.state import Testbed
+
+    if bool(args.links) == args.all:
+        raise SpecError("name the links to restore, or give --all (not both)")
+    tb = Testbed.load(args.prefix)
+    links = None if args.all else tb.fabric.parse_link_list(args.links)
+    require_root()
+    return _spray_change(args, drain.restore(tb, links), "restored")
 
 
 def cmd_ping(args: argparse.Namespace) -> int:

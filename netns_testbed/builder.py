@@ -324,7 +324,7 @@ def status(prefix: str) -> dict:
         tb = Testbed.load(prefix)
         out.update({"status": tb.state.status, "fabric": tb.state.fabric, "spray": tb.state.spray,
                     "gap_ms": tb.state.gap_ms, "out_of_service": tb.state.out_of_service,
-                    "faults": sorted(tb.state.faults), "datapath": tb.state.datapath,
+                    "drained": tb.state.drained, "faults": sorted(tb.state.faults), "datapath": tb.state.datapath,
                     "hook": Hook(tb.state.hook).label if tb.state.datapath else None, "kernel": os.uname().release,
                     "expected_namespaces": len(tb.fabric.nodes)})
         out["healthy"] = len(names) == len(tb.fabric.nodes)

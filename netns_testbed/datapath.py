@@ -54,8 +54,8 @@ HOOKS = {"ingress": 0, "egress": 1}
 MAX_PREFIXES = 1024
 RING = 16                 # pulses each switch keeps per counter (ring slots; -DFP_RING)
 PULSE_ID_BITS = 64 - PULSE_TIME_BITS   # the kernel's pulse id shares a word with the last packet's time
-PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_out", "config", "pulse", "spray", "rotation",
-             "faults", "fault_stats", "spray_stats", "spans")
+PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_out", "config", "pulse", "spray", "spray_bank",
+             "rotation", "faults", "fault_stats", "spray_stats", "spans")
 FLOWS = 8192              # TCP flows whose sequence spans a switch tracks (LRU; switch.h FP_FLOWS)
 SPAN_LIMIT = 1 << 24      # a larger advance of a flow's highest end restarts it (switch.h)
 
@@ -231,7 +231,8 @@ def map_entries(shape: SwitchShape) -> dict[str, tuple[type, int, bool]]:
         "ifindex_port": (U32, IFINDEX_SLOTS, False),
         "port_out": (PortOut, shape.port_slots, False),
         "config": (Config, 1, False),
-        "spray": (Spray, shape.nleaves, False),
+        "spray": (Spray, 2 * shape.nleaves, False),    # two banks (switch.h, struct fp_spray)
+        "spray_bank": (U32, 1, False),
         "rotation": (U32, shape.nleaves + 1, True),
         "faults": (Fault, shape.port_slots * 2, False),
         "fault_stats": (FaultStats, shape.port_slots * 2, True),
@@ -689,21 +690,32 @@ class SwitchMaps(CounterMaps):
                                            self.shape.nhosts, sink))
 
     def set_spray(self, weights: dict[str, float], out_of_service: list[Link]) -> None:
-        """Fill this leaf's per-destination spray tables from the fabric model.
+        """Fill this leaf's per-destination spray tables from the fabric model, at once.
 
         Each table lists uplink ports, repeated in proportion to their weights and
         interleaved (smooth weighted round-robin) so that any window of the
-        rotation is close to the target shares.
+        rotation is close to the target shares. The tables go into the bank the
+        program does not use, then one write of ``spray_bank`` switches every
+        destination over: no packet is sprayed by a half-written state.
         """
         if not self.shape.is_leaf:
             return
+        bank = 1 - int(self.maps["spray_bank"].get(0).v)
+        n = self.shape.nleaves
         for dst in self.fabric.leaves:
             shares = self.fabric.spray_shares(self.switch, dst, weights, out_of_service)
             table = smooth_wrr([(self.fabric.port_to(self.switch, s).index, w) for s, w in shares.items()])
             sp = Spray(len(table))
             for i, port in enumerate(table):
                 sp.slot[i] = port
-            self.maps["spray"].set(node_num(dst), sp)
+            self.maps["spray"].set(bank * n + node_num(dst), sp)
+        self.maps["spray_bank"].set(0, U32(bank))
+
+    def spray_table(self, dst: str) -> list[int]:
+        """The uplink ports of the table in use towards leaf ``dst``, slot by slot."""
+        bank = int(self.maps["spray_bank"].get(0).v)
+        sp = self.maps["spray"].get(bank * self.shape.nleaves + node_num(dst))
+        return list(sp.slot[:sp.len])
 
     # -- reading ------------------------------------------------------------
     def spray_stats(self) -> list[int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from netns_testbed.errors import StateError
-from netns_testbed.topo import Fabric, Link, check_prefix, namespace
+from netns_testbed.topo import Fabric, Link, SprayChange, check_prefix, namespace
 
 RUN_DIR = Path(os.environ.get("FLOWPULSE_RUN_DIR", "/run/flowpulse"))
 
@@ -39,6 +39,9 @@ class TestbedState:
     created: float = 0.0
     faults: dict[str, dict] = field(default_factory=dict)
     hook: str = "clsact"      # how the switch programs are attached (netns_testbed.hooks.Hook)
+    drained: list[str] = field(default_factory=list)    # taken out of service while up (netns_testbed.drain)
+    epoch: int = 0                                      # spray changes so far
+    changes: list[dict] = field(default_factory=list)   # the latest ones (SprayChange as a dict), oldest first
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -74,7 +77,19 @@ class Testbed:
 
     @property
     def out_of_service(self) -> list[Link]:
-        return self.fabric.parse_link_list(self.state.out_of_service)
+        """Every link the leaves do not spray over: out of service since the build, or drained since."""
+        return self.fabric.links_named({l.name for l in self.fabric.parse_link_list(self.state.out_of_service)}
+                                       | set(self.state.drained))
+
+    @property
+    def drained(self) -> list[Link]:
+        return self.fabric.links_named(self.state.drained)
+
+    @property
+    def latest_change(self) -> SprayChange | None:
+        if not self.state.changes:
+            return None
+        return change_from_dict(self.fabric, self.state.changes[-1])
 
     def save(self) -> None:
         write_state(self.state)
@@ -94,6 +109,17 @@ class Testbed:
         if not self.state.datapath:
             raise StateError(f"testbed {self.prefix!r} runs without the eBPF datapath: no counters or faults")
         return SwitchMaps(self.fabric, self.dir, switch, readonly=readonly)
+
+
+def change_to_dict(c: SprayChange) -> dict:
+    return {"epoch": c.epoch, "action": c.action, "links": [l.name for l in c.links],
+            "out_of_service": [l.name for l in c.out_of_service], "t0_ns": c.t0_ns, "t1_ns": c.t1_ns}
+
+
+def change_from_dict(fabric: Fabric, d: dict) -> SprayChange:
+    return SprayChange(int(d["epoch"]), str(d["action"]), tuple(fabric.links_named(d["links"])),
+                       tuple(fabric.links_named(d["out_of_service"])), int(d["t0_ns"]),
+                       None if d["t1_ns"] is None else int(d["t1_ns"]))
 
 
 def write_state(state: TestbedState) -> None:

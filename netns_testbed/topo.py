@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable
 
-from netns_testbed.errors import SpecError
+from netns_testbed.errors import SpecError, StateError
 
 MAX_LEAVES = 32
 MAX_SPINES = 64
@@ -140,6 +140,21 @@ class Link:
     @property
     def reverse(self) -> "Link":
         return Link(self.dst, self.src)
+
+
+@dataclass(frozen=True)
+class SprayChange:
+    """A change of the links the leaves spray over (a drain or a restore, netns_testbed.drain): every
+    leaf's tables switched between monotonic times ``t0_ns`` and ``t1_ns`` (None while switching), and
+    ``out_of_service`` is the whole set out of service after it. Detectors take the new shares and do
+    not judge a pulse that crosses the window (agent.detector.SwitchDetector.reshare)."""
+
+    epoch: int
+    action: str                       # "drain" or "restore"
+    links: tuple[Link, ...]           # what this change drained or restored
+    out_of_service: tuple[Link, ...]
+    t0_ns: int
+    t1_ns: int | None
 
 
 @dataclass(frozen=True)
@@ -353,6 +368,34 @@ class Fabric:
                 raw[spine] = w
         total = sum(raw.values())
         return {s: w / total for s, w in raw.items()} if total else {}
+
+    # -- draining ----------------------------------------------------------
+    def check_drain(self, out_of_service: Iterable[Link], links: Iterable[Link], min_spines: int = 1) -> None:
+        """Refuse (one line) taking ``links`` out of service on top of ``out_of_service``: only leaf-spine
+        links can be drained, and every leaf must keep at least ``min_spines`` spines towards every
+        other leaf (a drained ``spineK->leafL`` takes spine K from every leaf's traffic to leaf L)."""
+        if min_spines < 1:
+            raise SpecError(f"--min-spines {min_spines}: a leaf needs at least one spine to each other leaf")
+        for link in links:
+            kinds = {node_kind(link.src), node_kind(link.dst)}
+            if kinds != {"leaf", "spine"}:
+                raise SpecError(f"{link.name} is a host link: only leaf-spine links can be drained "
+                                "(a host has no other way in or out)")
+        after = {l.name for l in out_of_service} | {l.name for l in links}
+        drained = self.links_named(after)
+        for a in self.leaves:
+            for b in self.leaves:
+                if a == b:
+                    continue
+                n = len(self.spray_shares(a, b, None, drained))
+                if n < min_spines:
+                    what = ", ".join(sorted({l.name for l in links}))
+                    lower = ", or lower --min-spines" if min_spines > 1 else ""
+                    raise StateError(f"draining {what} would leave {a}'s traffic to {b} {n} spine(s), under the "
+                                     f"floor of {min_spines}: restore a link first{lower}")
+
+    def links_named(self, names: Iterable[str]) -> list[Link]:
+        return [self.parse_link(n) for n in sorted(names)]
 
     # -- serialisation -----------------------------------------------------
     def to_dict(self) -> dict:

@@ -67,6 +67,7 @@ from certified-healthy pulses (:meth:`learn`).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -263,20 +264,8 @@ class PeerCheck:
         self.fabric, self.switch, self.spray, self.cfg = fabric, switch, spray, cfg
         L, S = fabric.spec.leaves, fabric.spec.spines
         self.S, self.L = S, L
-        me = node_num(switch)
-        w = np.zeros((L, S))
-        for a in range(L):
-            if a == me:
-                continue
-            shares = fabric.spray_shares(f"leaf{a}", switch, weights, oos)
-            for k in range(S):
-                if f"spine{k}" in shares and f"spine{k}->{switch}" not in degraded \
-                        and f"leaf{a}->spine{k}" not in degraded:
-                    w[a, k] = shares[f"spine{k}"]
-        self.usable = w > 0
-        self.valid = self.usable.sum(axis=1) >= 2
-        tot = w.sum(axis=1, keepdims=True)
-        self.w_model = np.divide(w, tot, out=np.zeros_like(w), where=tot > 0)
+        self.degraded = degraded
+        self.set_shares(weights, oos)
         self.shape = (L, S)
         self.port_of_cell = np.broadcast_to(np.arange(S), self.shape)   # uplink k is port k
         self.noise = NoiseModel(PEER_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
@@ -291,10 +280,41 @@ class PeerCheck:
         # uplink k) the spray share of a's flows' spans through spine k against the new bytes that came in
         # on uplink k. A loss on ``leafa->spinek`` or on ``spinek->thisleaf`` reads the same here; spine
         # k's own reference tells the two apart (agent.incidents settles an ambiguous alert with both).
-        self.w_path = w                                            # share of a's traffic through spine k
         self.path_noise = SpanNoise(SPAN_PRIOR_E[spray], SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
         self.path_ledger = Ledger(L * S, reference=SPAN)           # cell a * S + k
         self.path_resent = ResentLevel((L, S))
+
+    def set_shares(self, weights: dict[str, float], oos: Sequence[Link]) -> None:
+        """The spray shares of each source leaf's traffic to this leaf over the spines, from the fabric
+        model with ``oos`` out of service: at start, and when a drain or a restore changes them
+        (:meth:`agent.detector.SwitchDetector.reshare`; what was learned stays, except shares the
+        learned model measured from sources whose shares changed)."""
+        L, S, switch = self.L, self.S, self.switch
+        me = node_num(switch)
+        w = np.zeros((L, S))
+        for a in range(L):
+            if a == me:
+                continue
+            shares = self.fabric.spray_shares(f"leaf{a}", switch, weights, oos)
+            for k in range(S):
+                if f"spine{k}" in shares and f"spine{k}->{switch}" not in self.degraded \
+                        and f"leaf{a}->spine{k}" not in self.degraded:
+                    w[a, k] = shares[f"spine{k}"]
+        old = getattr(self, "w_model", None)
+        self.usable = w > 0
+        self.valid = self.usable.sum(axis=1) >= 2
+        tot = w.sum(axis=1, keepdims=True)
+        self.w_model = np.divide(w, tot, out=np.zeros_like(w), where=tot > 0)
+        self.w_path = w                                            # share of a's traffic through spine k
+        if old is not None and old.shape == self.w_model.shape:
+            moved = ~np.isclose(old, self.w_model).all(axis=1)
+            self.learn_c[moved] = 0.0
+            self.learn_n[moved] = 0.0
+            self.learn_pulses[moved] = 0
+
+    def forget_held(self) -> None:
+        """A pulse was not judged (a spray change crossed it): the next one has no predecessor."""
+        self.last = None
 
     def shares(self) -> np.ndarray:
         if self.cfg.model is Model.ANALYTIC:
@@ -409,26 +429,38 @@ class TotalsPeerCheck(PeerCheck):
     def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
                  weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
         super().__init__(fabric, switch, spray, cfg, weights, oos, degraded)
-        me = node_num(switch)
-        rows = [a for a in range(self.L) if a != me]
-        if rows and (not self.valid[rows].all()
-                     or any(not np.allclose(self.w_model[a], self.w_model[rows[0]]) for a in rows)):
+        if self.sources and not self.uniform:
             from netns_testbed.errors import SpecError
 
             raise SpecError(f"{switch}: interface statistics have no per-source split, so every leaf must spray "
                             "over its uplinks alike: no links out of service, weights or degraded links "
                             "(use the ebpf counters for those)")
-        first = rows[0] if rows else me
-        self.sources = rows
-        self.sources_per_cell = max(1, len(rows))
-        self.w_model = self.w_model[first][None, :]
-        self.usable = self.usable[first][None, :] if rows else np.zeros((1, self.S), bool)
-        self.valid = np.array([bool(rows)])
         self.shape = (1, self.S)
         self.port_of_cell = np.arange(self.S)[None, :]
         self.learn_c = np.zeros((1, self.S))
         self.learn_n = np.zeros(1)
         self.learn_pulses = np.zeros(1, dtype=np.int64)
+
+    def set_shares(self, weights: dict[str, float], oos: Sequence[Link]) -> None:
+        """As a source leaf's, when every source sprays alike; a drain that breaks that leaves no test
+        (every cell unusable) until a restore brings it back."""
+        old = getattr(self, "w_model", None)
+        super().set_shares(weights, oos)
+        me = node_num(self.switch)
+        rows = [a for a in range(self.L) if a != me]
+        self.uniform = bool(rows) and bool(self.valid[rows].all()) and \
+            all(np.allclose(self.w_model[a], self.w_model[rows[0]]) for a in rows)
+        first = rows[0] if rows else me
+        self.sources = rows
+        self.sources_per_cell = max(1, len(rows))
+        self.w_model = self.w_model[first][None, :]
+        self.w_path = self.w_path[first][None, :]
+        self.usable = self.usable[first][None, :] if self.uniform else np.zeros((1, self.S), bool)
+        self.valid = np.array([self.uniform])
+        if old is not None and not np.allclose(old, self.w_model):
+            self.learn_c[:] = 0.0
+            self.learn_n[:] = 0.0
+            self.learn_pulses[:] = 0
 
     def counts(self, pc: PulseCounts) -> np.ndarray:
         return pc.ip[:self.S, 0, :].sum(axis=1)[None, :].astype(float) * self.usable
@@ -445,23 +477,9 @@ class SpineCheck:
     def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
                  weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
         self.fabric, self.switch, self.cfg = fabric, switch, cfg
-        L = fabric.spec.leaves
-        self.L = L
-        wk = np.zeros((L, L))             # share of a->b traffic that crosses this spine
-        for a in range(L):
-            for b in range(L):
-                if a != b:
-                    wk[a, b] = fabric.spray_shares(f"leaf{a}", f"leaf{b}", weights, oos).get(switch, 0.0)
-        self.wk = wk
-        off = ~np.eye(L, dtype=bool)
-        names_ok = np.array([f"leaf{x}->{switch}" not in degraded and f"{switch}->leaf{x}" not in degraded
-                             for x in range(L)])
-        # every pair into and out of leaf x must cross this spine for the balance to hold
-        self.judged = names_ok & np.array([(wk[x][off[x]] > 0).all() and (wk[:, x][off[:, x]] > 0).all()
-                                           for x in range(L)])
-        # the reference needs only some of leaf x's traffic to cross this spine (its flows' spans say how much)
-        self.span_judged = names_ok & (wk.sum(axis=1) > 0)
-        self.inv_out = np.divide(1.0, wk, out=np.zeros_like(wk), where=wk > 0)  # [a, b]
+        self.L = L = fabric.spec.leaves
+        self.degraded = degraded
+        self.set_shares(weights, oos)
         self.shape = (L,)
         self.port_of_cell = np.arange(L)                                # port a faces leaf a
         self._held: Samples | None = None                               # the pulse waiting for its successor
@@ -469,6 +487,30 @@ class SpineCheck:
         self.span_noise = SpanNoise(SPAN_PRIOR_E[spray], SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
         self.ledger = Ledger(L, reference=BALANCE)                      # the owner's verdict evidence, per port
         self.resent = ResentLevel((L,))
+
+    def set_shares(self, weights: dict[str, float], oos: Sequence[Link]) -> None:
+        """The share of each leaf pair's traffic that crosses this spine, and the ports it can judge, with
+        ``oos`` out of service (at start, and at a drain or a restore)."""
+        L, switch = self.L, self.switch
+        wk = np.zeros((L, L))             # share of a->b traffic that crosses this spine
+        for a in range(L):
+            for b in range(L):
+                if a != b:
+                    wk[a, b] = self.fabric.spray_shares(f"leaf{a}", f"leaf{b}", weights, oos).get(switch, 0.0)
+        self.wk = wk
+        off = ~np.eye(L, dtype=bool)
+        names_ok = np.array([f"leaf{x}->{switch}" not in self.degraded and f"{switch}->leaf{x}" not in self.degraded
+                             for x in range(L)])
+        # every pair into and out of leaf x must cross this spine for the balance to hold
+        self.judged = names_ok & np.array([(wk[x][off[x]] > 0).all() and (wk[:, x][off[:, x]] > 0).all()
+                                           for x in range(L)])
+        # the reference needs only some of leaf x's traffic to cross this spine (its flows' spans say how much)
+        self.span_judged = names_ok & (wk.sum(axis=1) > 0)
+        self.inv_out = np.divide(1.0, wk, out=np.zeros_like(wk), where=wk > 0)  # [a, b]
+
+    def forget_held(self) -> None:
+        """A pulse was not judged (a spray change crossed it): the held one has no successor to confirm it."""
+        self._held = None
 
     @property
     def reference(self) -> Reference:
@@ -661,6 +703,13 @@ class HostCheck:
         self._owed_held = np.zeros(self.shape)         # each host's shortfall (<= 0) in the held pulse
         self._owed_before_held = np.zeros(self.shape)  # ... in the pulse before the held one
         self._per_host: deque[float] = deque(maxlen=HOST_HISTORY)   # recent pulses' mean per active host
+
+    def set_shares(self, weights: dict[str, float], oos: Sequence[Link]) -> None:
+        """Nothing of its own: it reads the peer test's shares each pulse."""
+
+    def forget_held(self) -> None:
+        self._held = None
+        self._exposed = np.zeros(self.shape, bool)
 
     def samples(self, pc: PulseCounts) -> Samples:
         """The previous pulse's surpluses, as far as this pulse confirms them."""

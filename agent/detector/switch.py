@@ -41,12 +41,17 @@ from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum, repair_ln_arl, reverse_llr_poisson
 from agent.detector.verdict import Ledger, LinkEvidence, Span, evidence_from, path_evidence
 from agent.pulse import PulseAssembler, PulseCounts
+from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
 
-STATE_VERSION = 4   # 4: verdict ledgers from sequence spans when the counts carry them (a spine's, a leaf's paths)
+STATE_VERSION = 5   # 4: verdict ledgers from sequence spans when the counts carry them (a spine's, a leaf's paths)
+                    # 5: the links out of service beside the identity, not in it (a drain keeps what was learned)
 # Host ports are not judged while a fabric loss into the leaf shows (see observe); a switch for the
 # recorded-run tests that show what each rule fixes
 HOSTS_WAIT_FOR_FABRIC_LOSS = True
+# Packets sprayed just before a spray change can be counted after it (queued in a veth's backlog, on
+# another CPU, in a host's socket): a pulse this close to the change's window is not judged either.
+RESHARE_SETTLE_NS = 5_000_000
 
 
 class SwitchDetector:
@@ -89,6 +94,40 @@ class SwitchDetector:
         self.pulses_used = 0
         self.last_scores: dict[int, float] = {}
         self.last_ln_arl = 0.0
+        self.changes: deque[tuple[list[Link], float, float]] = deque()   # spray changes not yet reached (reshare)
+        self.skipped = 0                                 # pulses not judged because a change crossed them
+
+    # -- a change of the spray shares (a drain, a restore) -----------------------------
+    def reshare(self, out_of_service: Sequence[Link], t0_ns: int = 0, t1_ns: int | None = None) -> None:
+        """The leaves spray with ``out_of_service`` out of service since the change between monotonic
+        times ``t0_ns`` and ``t1_ns`` (None: still changing; 0, 0: long ago). Everything learned stays
+        (noise factors, CUSUMs, ledgers, open alerts: a drained link's cells just stop being judged, its
+        open alerts stay open). Pulses are judged by the shares of their time, also when they are read
+        late: one that ends before the change by the old ones, one that starts after it by the new ones,
+        and one that overlaps it (widened by :data:`RESHARE_SETTLE_NS` each side) holds packets sprayed
+        both ways and is not judged. The same change told again with its end known replaces itself."""
+        lo = t0_ns - RESHARE_SETTLE_NS
+        hi = math.inf if t1_ns is None else t1_ns + RESHARE_SETTLE_NS
+        if self.changes and self.changes[-1][1] == lo:
+            self.changes.pop()
+        self.changes.append((list(out_of_service), lo, hi))
+
+    def _shares_for(self, pc: PulseCounts) -> bool:
+        """Bring the checks' shares to the pulse's time; False if a change crosses the pulse."""
+        while self.changes:
+            oos, lo, hi = self.changes[0]
+            if pc.end_ns > 0 and pc.end_ns < lo:
+                return True                  # sprayed before the change
+            if pc.end_ns > 0 and pc.start_ns <= hi:
+                return False                 # sprayed both ways
+            self._set_out_of_service(oos)    # after it (or a pulse with no kernel times: a replay)
+            self.changes.popleft()
+        return True
+
+    def _set_out_of_service(self, oos: list[Link]) -> None:
+        self.oos = list(oos)
+        for chk in self.checks:
+            chk.set_shares(self.weights, self.oos)
 
     # -- the per-pulse step ----------------------------------------------------------
     def observe(self, pc: PulseCounts) -> list[Alert]:
@@ -96,6 +135,12 @@ class SwitchDetector:
             raise ValueError(f"{self.switch}: pulse has {pc.nports} ports, the fabric model {self.nports}")
         pc = self.assembler.push(pc)
         if pc is None or pc.total < self.cfg.min_pulse_pkts:
+            return []
+        if not self._shares_for(pc):
+            for chk in self.checks:
+                chk.forget_held()
+            self.pending.clear()
+            self.skipped += 1
             return []
         t = self.pulses_used
         self.pulses_used += 1
@@ -337,10 +382,11 @@ class SwitchDetector:
     def identity(self) -> dict:
         return {"version": STATE_VERSION, "switch": self.switch, "fabric": self.fabric.spec.to_dict(),
                 "spray": str(self.spray), "config": self.cfg.to_dict(), "weights": self.weights,
-                "out_of_service": sorted(l.name for l in self.oos), "per_source": self.per_source}
+                "per_source": self.per_source}
 
     def state(self) -> dict:
-        return {"identity": self.identity(), "pulses_used": self.pulses_used,
+        return {"identity": self.identity(), "out_of_service": sorted(l.name for l in self.oos),
+                "pulses_used": self.pulses_used,
                 "banks": [b.state() for b in self.banks], "poisson": self.poisson.state(),
                 "noise": [c.noise.state() for c in self.checks], "checks": [c.state() for c in self.checks],
                 "open": {aid: oa.state() for aid, oa in self.book.open.items()}}
@@ -349,6 +395,14 @@ class SwitchDetector:
         """Continue from a saved state; ValueError if it belongs to another switch, fabric or setting."""
         if d.get("identity") != self.identity():
             raise ValueError("saved detector state is for another switch, fabric state or configuration")
+        now = list(self.oos)
+        try:
+            then = self.fabric.parse_link_list(d["out_of_service"])
+        except SpecError as e:
+            raise ValueError(f"saved links out of service: {e}") from None
+        moved = {l.name for l in then} != {l.name for l in now}
+        if moved:
+            self._set_out_of_service(then)   # saved before a drain or a restore: its learned shares are of then
         for b, s in zip(self.banks, d["banks"]):
             b.load(s)
         self.poisson.load(d["poisson"])
@@ -358,3 +412,5 @@ class SwitchDetector:
             c.load(s)
         self.book.open = {aid: OpenAlert.from_state(s) for aid, s in d["open"].items()}
         self.pulses_used = int(d["pulses_used"])
+        if moved:
+            self._set_out_of_service(now)    # (the agent tells when the change was: SwitchAgent.follow_changes)

@@ -39,7 +39,8 @@ static long (*redirect_neigh4)(u32 ifindex, void *params, int plen, u64 flags) =
 BPF_ARRAY(ifindex_port, u32, FP_IFINDEX_SLOTS);    // this namespace's ifindex -> port + 1 (switch.h)
 BPF_ARRAY(port_out, struct fp_port, NPORTS);       // port -> its interface and next hop (redirect target)
 BPF_ARRAY(config, struct fp_config, 1);
-BPF_ARRAY(spray, struct fp_spray, NLEAVES);        // per destination leaf
+BPF_ARRAY(spray, struct fp_spray, 2 * NLEAVES);    // [bank * NLEAVES + destination leaf] (switch.h)
+BPF_ARRAY(spray_bank, u32, 1);                     // the bank in use: 0 or 1
 BPF_PERCPU_ARRAY(rotation, u32, NLEAVES + 1);      // [dst] rrdst, [NLEAVES] rr
 BPF_ARRAY(faults, struct fp_fault, NPORTS * 2);    // [port * 2 + hook]
 BPF_PERCPU_ARRAY(fault_stats, struct fp_fault_stats, NPORTS * 2);
@@ -246,7 +247,9 @@ int fp_ingress(struct __sk_buff *skb) {
     if (port < cfg->nuplinks)
         return TC_ACT_OK;
     u32 dst = pi.dst_leaf - 1;
-    struct fp_spray *sp = spray.lookup(&dst);
+    u32 *bank = spray_bank.lookup(&k0);
+    u32 si = (bank && *bank ? NLEAVES : 0) + dst;
+    struct fp_spray *sp = spray.lookup(&si);
     if (!sp || sp->len == 0 || sp->len > FP_SPRAY_SLOTS)
         return TC_ACT_OK;  // no uplink in service: leave it to kernel routing
     u32 pick;

@@ -91,6 +91,9 @@ struct fp_port {
     u32 nh4;         // 0: none known (the kernel then looks the route up)
 };
 
+// A leaf's spray table towards one destination leaf. Two banks of them: a change (a drain, a
+// restore: netns_testbed/drain.py) fills the bank not in use, then flips spray_bank, so that a packet
+// sees either every table of the old state or every table of the new one, never a mix.
 struct fp_spray {
     u32 len;                     // used slots
     u8 slot[FP_SPRAY_SLOTS];     // uplink port per slot (weights = repetitions)
