@@ -27,6 +27,7 @@ from agent.pulse import PulseCounts
 from agent.reader import testbed_reader
 
 if TYPE_CHECKING:
+    from agent.mitigation import Mitigator
     from netns_testbed.state import Testbed
 
 log = logging.getLogger("flowpulse.agent")
@@ -144,19 +145,28 @@ class SwitchAgent:
                  self.switch, self.dep.name, self.dep.spray, len(self.dep.out_of_service))
 
     def follow_changes(self) -> None:
-        """Take a drain or a restore (the deployment's latest spray change) as soon as it is recorded:
-        the detector takes the new shares and skips the pulses that cross the change (reshare)."""
-        if self.dep.latest_change is None:
+        """Take each drain, restore or weight change (the deployment's spray changes) as soon as it is
+        recorded, in order: the detector judges every pulse by the shares of its time and skips the
+        pulses a change crosses (SwitchDetector.reshare). At start, only the latest one's window counts
+        (the detector was built with its shares)."""
+        if self.dep.spray_changes is None:
             return
-        chg = self.dep.latest_change()
-        if chg is None or (chg.epoch, chg.t1_ns) == self.change_seen:
+        changes = self.dep.spray_changes()
+        if not changes:
             return
-        first = self.change_seen is None
-        self.change_seen = (chg.epoch, chg.t1_ns)
-        self.detector.reshare(list(chg.out_of_service), chg.t0_ns, chg.t1_ns)
-        if not first or chg.t1_ns is None:
-            log.info("%s: spray change %d (%s %s): %d link(s) out of service", self.switch, chg.epoch, chg.action,
-                     ", ".join(l.name for l in chg.links), len(chg.out_of_service))
+        start = self.change_seen is None
+        seen_epoch, seen_t1 = self.change_seen or (changes[-1].epoch, None)
+        new = [c for c in changes if c.epoch > seen_epoch or (c.epoch == seen_epoch and c.t1_ns != seen_t1)]
+        if not start and changes[0].epoch > seen_epoch + 1:
+            log.warning("%s: %d spray changes went by unread (the state keeps the latest %d): judging from the "
+                        "latest", self.switch, changes[0].epoch - seen_epoch - 1, len(changes))
+        for chg in new if not start else [changes[-1]]:
+            self.detector.reshare(list(chg.out_of_service), chg.t0_ns, chg.t1_ns, dict(chg.weights))
+            if not start:
+                log.info("%s: spray change %d (%s %s): %d link(s) out of service, %d weighted", self.switch,
+                         chg.epoch, chg.action, ", ".join(l.name for l in chg.links), len(chg.out_of_service),
+                         len(chg.weights))
+        self.change_seen = (changes[-1].epoch, changes[-1].t1_ns)
 
     def step(self) -> list[Alert]:
         """Read the next closed pulse, if any, and run the detector on it. After a pause the
@@ -280,7 +290,8 @@ class SignalEvent(threading.Event):
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
                on_tick: Callable[[list[SwitchAgent]], None] | None = None, tick_s: float = 1.0,
                tracker: IncidentTracker | None = None,
-               incident_sinks: list[Callable[[dict], None]] | None = None) -> None:
+               incident_sinks: list[Callable[[dict], None]] | None = None,
+               mitigator: "Mitigator | None" = None) -> None:
     """Poll every agent until ``stop`` is set; SIGHUP means "accept the current fabric state".
 
     The kernel keeps the last pulses of each switch (a ring), so a poller that
@@ -288,7 +299,8 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
     priority so that alerts come as soon as a pulse closes on a box whose cores are
     busy with the training job.
 
-    Every alert event goes to ``tracker``; its incident events to ``incident_sinks``.
+    Every alert event goes to ``tracker``; its incident events to ``incident_sinks`` and to
+    ``mitigator``, whose actions (agent.mitigation) go to ``incident_sinks`` too.
     """
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), AGENT_NICE)
@@ -305,6 +317,9 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
             log.warning("incident %s %s: %s (%s)", inc["event"], inc["incident_id"], inc["state"], inc["how"])
             for sink in sinks:
                 sink(inc)
+            for act in mitigator.on_incident(inc) if mitigator is not None else ():
+                for sink in sinks:
+                    sink(act)
 
     while not stop.is_set():
         if hup.is_set():

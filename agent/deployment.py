@@ -28,9 +28,9 @@ class Deployment:
     verdict_dir: Path                  # verdict evidence each switch's agent exports and the others read
     reload: Callable[[], "Deployment"]  # SIGHUP: the same source read again
     per_source: bool = True            # the counts split packets by source leaf (not interface statistics)
-    # The latest change of the spray tables (a drain, a restore), read again when its source changed; None:
-    # the deployment's links in service change only by reload (a site file).
-    latest_change: Callable[[], SprayChange | None] | None = None
+    # The latest changes of the spray tables (drains, restores, weights), oldest first, read again when their
+    # source changed; None: the deployment's links in service change only by reload (a site file).
+    spray_changes: Callable[[], list[SprayChange]] | None = None
 
 
 def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
@@ -43,33 +43,33 @@ def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
     return Deployment(name=f"testbed {tb.prefix}", fabric=tb.fabric, spray=SprayMode.parse(tb.state.spray),
                       weights=dict(tb.state.weights), out_of_service=tuple(tb.out_of_service),
                       degraded=tuple(tb.fabric.parse_link_list(degraded)), state_dir=tb.dir / "detector",
-                      verdict_dir=tb.dir / "verdicts", reload=reload, latest_change=ChangeWatch(tb))
+                      verdict_dir=tb.dir / "verdicts", reload=reload, spray_changes=ChangeWatch(tb))
 
 
 class ChangeWatch:
-    """The testbed's latest spray change, from its state file: read again only when the file was replaced
-    (one stat per call)."""
+    """The testbed's latest spray changes, from its state file: read again only when the file was replaced
+    (one stat per call: each write replaces the file, a new inode)."""
 
     def __init__(self, tb) -> None:
         self.tb = tb
         self.path = tb.dir / "state.json"
         self.key: tuple[int, int] | None = None
-        self.change: SprayChange | None = None
+        self.changes: list[SprayChange] = []
 
-    def __call__(self) -> SprayChange | None:
+    def __call__(self) -> list[SprayChange]:
         from netns_testbed.errors import StateError
         from netns_testbed.state import Testbed
 
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            return self.change          # going down: the agent stops on its own
-        key = (st.st_ino, st.st_mtime_ns)
+            return self.changes         # going down: the agent stops on its own
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if key != self.key:
             try:
-                self.change = Testbed.load(self.tb.prefix).latest_change
+                self.changes = Testbed.load(self.tb.prefix).spray_changes
             except StateError:
-                return self.change      # being taken down: nothing changes any more
+                return self.changes     # being taken down: nothing changes any more
             self.key = key
-        return self.change
+        return self.changes
 

@@ -18,12 +18,15 @@ from prometheus_client.registry import CollectorRegistry
 
 from agent.daemon import SwitchAgent
 from agent.incidents import IncidentTracker
+from agent.mitigation import CANARY_WEIGHT, Mitigator
 
 
 class AgentCollector:
-    def __init__(self, agents: list[SwitchAgent], tracker: IncidentTracker | None = None) -> None:
+    def __init__(self, agents: list[SwitchAgent], tracker: IncidentTracker | None = None,
+                 mitigator: "Mitigator | None" = None) -> None:
         self.agents = agents
         self.tracker = tracker
+        self.mitigator = mitigator
 
     def collect(self) -> Iterable:
         pulses = CounterMetricFamily("flowpulse_pulses", "Pulses (collective iterations) judged", labels=["switch"])
@@ -58,6 +61,25 @@ class AgentCollector:
             with self.tracker.lock:
                 fams = self._incidents()
             yield from fams
+        if self.mitigator is not None:
+            with self.mitigator.lock:
+                yield from self._mitigation(self.mitigator)
+
+    @staticmethod
+    def _mitigation(m) -> list:
+        acts = CounterMetricFamily("flowpulse_mitigation_actions", "Mitigation actions taken (agent --mitigate)",
+                                   labels=["action"])
+        for action in ("drain", "canary", "canary_lifted", "refused"):
+            acts.add_metric([action], m.actions[action])
+        drained = GaugeMetricFamily("flowpulse_link_drained", "1 per link the mitigation drained (until an operator "
+                                    "restores it)", labels=["link", "incident"])
+        for link, iid in sorted(m.mine.items()):
+            drained.add_metric([link, iid], 1)
+        canary = GaugeMetricFamily("flowpulse_link_canary_weight", "Weight of an uplink held at a canary share while "
+                                   "its incident is localizing", labels=["link", "incident"])
+        for link, iid in sorted(m.canaries.items()):
+            canary.add_metric([link, iid], CANARY_WEIGHT)
+        return [acts, drained, canary]
 
     def _agent(self, a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate) -> None:
         sw = a.switch
@@ -123,13 +145,13 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
-          tracker: IncidentTracker | None = None) -> CollectorRegistry:
+          tracker: IncidentTracker | None = None, mitigator: "Mitigator | None" = None) -> CollectorRegistry:
     """Start the HTTP endpoint (loopback by default: agents' data is not for the world):
     ``/metrics`` (Prometheus) and ``/healthz`` (200 with JSON while every poll loop runs, else 503)."""
     from prometheus_client import make_wsgi_app
 
     reg = CollectorRegistry()
-    reg.register(AgentCollector(agents, tracker))
+    reg.register(AgentCollector(agents, tracker, mitigator))
     metrics_app = make_wsgi_app(reg)
 
     def app(environ, start_response):

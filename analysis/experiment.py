@@ -8,7 +8,8 @@ Run directory::
 
     report.json          the contract (faults, alerts, iterations, detection)
     alerts.jsonl         every alert event of every switch's agent
-    incidents.jsonl      every live incident event (one incident per fault, naming the link)
+    incidents.jsonl      every live incident event (one incident per fault, naming the link), and
+                         the mitigation's actions (``"event": "mitigation"``) when the spec asks for it
     pulses/pulses-<switch>.jsonl   per-switch per-port pulse counters (+ scores)
     workload/            rank logs, per-rank results, workload.json
     baselines.json       what interface-counter and host-retransmission monitors saw
@@ -24,7 +25,9 @@ from typing import Callable
 
 from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, make_tracker, run_agents
 from agent.incidents import summarize
+from agent.mitigation import Mitigator, TestbedActuator
 from analysis import baselines
+from analysis.cost import fault_cost
 from analysis.scoring import detection_summary
 from analysis.spec import ExperimentSpec, ScheduledFault
 from netns_testbed import builder, faults as fault_ops
@@ -109,8 +112,9 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         aopts = AgentOptions(cfg=spec.detector, record=out / "pulses")
         agents = [SwitchAgent.on_testbed(tb, sw, aopts, sinks=[sink]) for sw in tb.fabric.switches]
         tracker = make_tracker(agents)
+        mitigator = Mitigator(tb.fabric, TestbedActuator(tb.prefix), spec.mitigation) if spec.mitigation else None
         th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
-                              kwargs={"tracker": tracker, "incident_sinks": [inc_sink]})
+                              kwargs={"tracker": tracker, "incident_sinks": [inc_sink], "mitigator": mitigator})
         th.start()
         say(f"agents watching {len(agents)} switches")
         base_before = baselines.snapshot(tb)
@@ -127,6 +131,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         fault_end = time.time()
         base_after = baselines.snapshot(tb)
         fault_ops.clear(tb)
+        drained_at_end = sorted(Testbed.load(tb.prefix).state.drained)
         agent_cpu = {a.switch: a.busy_s for a in agents}
     finally:
         stop.set()
@@ -146,7 +151,10 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     iterations = [{"index": it["index"], "start": it["start"], "end": it["end"], "duration_s": it["duration_s"],
                    "retrans_segs": sum(it.get("retrans_segs", [])), "tx_bytes": sum(it["tx_bytes"])}
                   for it in job.iterations]
-    incs = summarize([json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines() if l.strip()])
+    stream = [json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines() if l.strip()]
+    actions = [e for e in stream if e.get("event") == "mitigation"]
+    inc_events = [e for e in stream if e.get("event") != "mitigation"]
+    incs = summarize(inc_events)
     alerts = report_alerts(events)
     base = baselines.evaluate(tb.fabric, base_before, base_after, job, applied)
     (out / "baselines.json").write_text(json.dumps(base, indent=2))
@@ -164,6 +172,8 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         "workload": {"ok": job.ok, "failure": job.failure, "failed_rank": job.failed_rank, **job.summary},
         "detection": detection_summary(applied, alerts, iterations, incs),
         "baselines": base,
+        "mitigation": {"policy": spec.to_dict()["mitigation"], "actions": actions, "drained_at_end": drained_at_end},
+        "cost": [fault_cost(f, iterations, alerts, inc_events, actions) for f in applied],
         "agent_busy_s": agent_cpu,
         "scheduler_errors": sched.errors if sched else [],
     }

@@ -27,6 +27,8 @@ per-port deviation of every spray mode and the deficit of a 1% fault.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,11 +83,14 @@ class FabricModel:
         self.pulse = 0
         self.set_faults(spec.faults, spec.corrupt)
 
-    def set_out_of_service(self, oos: list) -> None:
-        """The leaves spray with ``oos`` out of service from the next pulse on (a drain, a restore)."""
+    def set_out_of_service(self, oos: list, weights: dict[str, float] | None = None) -> None:
+        """The leaves spray with ``oos`` out of service (and uplink ``weights``, None: as they are) from the
+        next pulse on (a drain, a restore, a canary weight)."""
         f = self.fabric
         L, S = f.spec.leaves, f.spec.spines
         self.oos = list(oos)
+        if weights is not None:
+            self.spec = dataclasses.replace(self.spec, weights=dict(weights))
         self.shares = np.zeros((L, L, S))
         for a in range(L):
             for b in range(L):

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from agent.detector import DetectorConfig
+from agent.mitigation import MitigationPolicy
 from netns_testbed.errors import SpecError
 from netns_testbed.faults import BACKENDS, Backend, FaultSpec, check_backend, parse_fault
 from netns_testbed.builder import UpOptions
@@ -74,6 +75,7 @@ class ExperimentSpec:
     seed: int = 0
     prefix: str = "fpx"
     fault_backend: Backend = Backend.BPF
+    mitigation: MitigationPolicy | None = None     # None: the agents only report (agent.mitigation)
 
     def validate(self) -> "ExperimentSpec":
         """Every check that can be made before building anything."""
@@ -98,6 +100,8 @@ class ExperimentSpec:
                                 f"({self.job.deadline:.0f} s)")
         self.job.validate(fabric)
         self.detector = self.detector.validate()
+        if self.mitigation is not None:
+            self.mitigation.validate()
         return self
 
     def up_options(self) -> UpOptions:
@@ -107,7 +111,8 @@ class ExperimentSpec:
         return {"fabric": self.fabric.to_dict(), "spray": self.spray, "gap_ms": self.gap_ms,
                 "workload": asdict(self.job), "out_of_service": self.out_of_service,
                 "faults": [f.text for f in self.faults], "detector": self.detector.to_dict(),
-                "seed": self.seed, "prefix": self.prefix, "fault_backend": self.fault_backend.value}
+                "seed": self.seed, "prefix": self.prefix, "fault_backend": self.fault_backend.value,
+                "mitigation": None if self.mitigation is None else asdict(self.mitigation)}
 
 
 def load_yaml(path: Path) -> dict:
@@ -150,7 +155,7 @@ def typed(value, kind: type, name: str):
 
 def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
     known = {"fabric", "spray", "gap_ms", "workload", "out_of_service", "faults", "detector", "seed", "prefix",
-             "fault_backend"}
+             "fault_backend", "mitigation"}
     unknown = set(data) - known
     if unknown:
         raise SpecError(f"unknown spec field(s) {sorted(unknown)}: allowed are {sorted(known)}")
@@ -185,9 +190,18 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
     backend_text = typed(data.get("fault_backend", "bpf"), str, "fault_backend")
     if backend_text not in BACKENDS:
         raise SpecError(f"bad fault_backend {backend_text!r}: choose {' or '.join(BACKENDS)}")
+    mit = data.get("mitigation")
+    if mit is not None and not isinstance(mit, dict):
+        raise SpecError("mitigation must be a mapping ({} for the defaults, or max_per_switch:, min_spines:) or absent")
+    policy = None
+    if mit is not None:
+        bad = set(mit) - {"max_per_switch", "min_spines"}
+        if bad:
+            raise SpecError(f"unknown mitigation field(s) {sorted(bad)}: allowed are ['max_per_switch', 'min_spines']")
+        policy = MitigationPolicy(**{k: typed(v, int, f"mitigation.{k}") for k, v in mit.items()})
     spec = ExperimentSpec(fabric=fabric, spray=spray, gap_ms=gap_ms, job=job, out_of_service=list(oos), detector=det,
                           seed=seed, prefix=typed(data.get("prefix", prefix), str, "prefix"),
-                          fault_backend=Backend(backend_text))
+                          fault_backend=Backend(backend_text), mitigation=policy)
     fab = Fabric(fabric)
     if not isinstance(data.get("faults") or [], list):
         raise SpecError("faults must be a list of 'LINK:KIND[=RATE][@iter=K]' strings")

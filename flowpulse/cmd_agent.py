@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse agent --all --alerts alerts.jsonl --metrics-port 9580\n"
                "  sudo flowpulse agent --all --live\n"
                "  sudo flowpulse agent --all --incidents incidents.jsonl --json\n"
+               "  sudo flowpulse agent --all --mitigate --incidents incidents.jsonl --metrics-port 9580\n"
                "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --alerts /var/log/flowpulse/alerts.jsonl\n"
                "With --site the agent runs on any Linux machine that forwards the fabric's traffic: it\n"
                "attaches a counting-only program to the site's interfaces (no spraying, no faults), reads\n"
@@ -64,6 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record", type=Path, help="directory to record every pulse (pulses-<switch>.jsonl) for replay")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address for the metrics endpoint")
+    p.add_argument("--mitigate", action="store_true",
+                   help="with --all on a testbed: drain the link an incident names, hold a suspect uplink at a "
+                        "canary share while its incident is localizing (agent/mitigation.py)")
+    p.add_argument("--max-drained-per-switch", type=int, default=2,
+                   help="with --mitigate: links drained by the policy that may touch one switch")
+    p.add_argument("--min-spines", type=int, default=1,
+                   help="with --mitigate: spines every leaf keeps towards every other leaf, whatever is drained")
     p.add_argument("--live", action="store_true", help="full-screen live view in the terminal")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--poll-ms", type=float, default=10.0, help="how often to look at the pulse state")
@@ -128,6 +136,13 @@ def check_agent_args(args: argparse.Namespace) -> None:
                 raise SpecError(f"{flag} goes with --site: a testbed's agents keep state in its state directory")
     elif args.degraded:
         raise SpecError("--degraded goes with a testbed; with --site list the links under degraded: in the site file")
+    if args.mitigate and not args.all:
+        raise SpecError("--mitigate goes with --all on a testbed (one process sees every incident); on a real "
+                        "fabric route the flowpulse_link_drained alert to your routing (deploy/hooks/)")
+    if args.mitigate:
+        from agent.mitigation import MitigationPolicy
+
+        MitigationPolicy(args.max_drained_per_switch, args.min_spines).validate()
 
 
 def load_site_args(args: argparse.Namespace):
@@ -221,6 +236,12 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
     from agent.privileges import keep_only
 
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
+    mitigator = None
+    if getattr(args, "mitigate", False):
+        from agent.mitigation import MitigationPolicy, Mitigator, TestbedActuator
+
+        mitigator = Mitigator(agents[0].dep.fabric, TestbedActuator(args.prefix),
+                              MitigationPolicy(args.max_drained_per_switch, args.min_spines))
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
     pidfile = None
     if piddir is not None:
@@ -244,7 +265,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         if args.metrics_port is not None:
             from agent.metrics import serve
 
-            serve(agents, args.metrics_port, args.metrics_addr, tracker)
+            serve(agents, args.metrics_port, args.metrics_addr, tracker, mitigator)
             log.info("metrics on http://%s:%d/metrics, health on /healthz", args.metrics_addr, args.metrics_port)
         if args.duration:
             timer = threading.Timer(args.duration, stop.set)
@@ -259,7 +280,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
             screen = contextlib.nullcontext()
         with screen:
             run_agents(agents, stop, agents[0].opts.poll_s, on_tick=screen.update if args.live else None,
-                       tick_s=0.5, tracker=tracker, incident_sinks=[inc_sink])
+                       tick_s=0.5, tracker=tracker, incident_sinks=[inc_sink], mitigator=mitigator)
     except KeyboardInterrupt:
         code = 130
     except RuntimeError as e:  # maps gone: the testbed went down under us

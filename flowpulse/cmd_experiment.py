@@ -22,20 +22,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse experiment --spray rr --out-of-service 'leaf0<->spine3' \\\n"
                "       --fault 'spine0->leaf3:corrupt=0.015@t=12.5' --iterations 40 --out runs/z\n"
                "  sudo flowpulse experiment --fault-backend netem --fault 'leaf0->spine1:drop=0.02@iter=5' --out runs/n\n"
+               "  sudo flowpulse experiment --mitigate --fault 'leaf2->spine1:partial=0.25@iter=10' --out runs/m\n"
                "FAULT is LINK:KIND[=RATE][,MODS][@iter=K|@t=SECONDS] (see `flowpulse fault add --help`).")
     add_experiment_args(p)
     p.set_defaults(func=cmd_experiment)
 
     d = sub.add_parser("demo", help="the main job: catch a silent 1%% drop on a random link", formatter_class=Formatter,
                        epilog="Builds the default fabric, runs an 8-rank gloo allreduce, switches on 1%% drop on a\n"
-                              "random leaf-spine link part-way through and tells what the agents saw. Exit 0 only\n"
-                              "if the fault was caught and localized.")
+                              "random leaf-spine link part-way through and tells what the agents saw; they drain the\n"
+                              "link they name, and the demo prints what the fault cost and how the job recovered.\n"
+                              "Exit 0 only if the fault was caught and localized (and, with the loop on, only the\n"
+                              "faulty link is left drained).\n"
+                              "examples:\n  sudo flowpulse demo\n  sudo flowpulse demo --seed 3 --rate 0.02\n"
+                              "  sudo flowpulse demo --no-mitigate     # detect and name only")
     d.add_argument("--out", type=Path, default=None, help="run directory (default runs/demo-<time>)")
     d.add_argument("--force", action="store_true", help="replace the run files of a previous run in --out")
     d.add_argument("--seed", type=int, default=None, help="choose the faulty link with this seed")
     d.add_argument("--rate", type=float, default=0.01, help="drop rate of the injected fault")
     d.add_argument("--iterations", type=int, default=40)
     d.add_argument("--fault-at", type=int, default=15, help="iteration before which the fault goes on")
+    d.add_argument("--no-mitigate", action="store_true", help="leave the named link in service (no drain)")
     add_common(d)
     d.set_defaults(func=cmd_demo)
 
@@ -72,6 +78,9 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", action="append", default=None, metavar="FAULT")
     p.add_argument("--fault-backend", choices=("bpf", "netem"), default=None,
                    help="what injects the faults: the datapath's BPF injector (default) or the kernel's netem")
+    p.add_argument("--mitigate", action="store_true",
+                   help="the agents drain the links an incident blames and restore the innocent ones "
+                        "(agent/mitigation.py; default: they only report)")
     p.add_argument("--model", choices=("analytic", "learned"))
     p.add_argument("--fa-per-day", type=float, help="false-alert budget of the fabric per day (default 1)")
     p.add_argument("--pulse-hz", type=float, help="pulses per second per switch, for the budget (default 1)")
@@ -103,6 +112,8 @@ def spec_from_args(args: argparse.Namespace):
         data["out_of_service"] = args.out_of_service
     if args.fault is not None:
         data["faults"] = args.fault
+    if getattr(args, "mitigate", False) and data.get("mitigation") is None:
+        data["mitigation"] = {}
     det = dict(data.get("detector") or {})
     for flag in ("model", "fa_per_day", "pulse_hz"):
         if getattr(args, flag, None) is not None:
@@ -144,6 +155,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from analysis.report import text_summary
+    from agent.mitigation import MitigationPolicy
     from analysis.spec import ExperimentSpec, parse_scheduled
     from netns_testbed.topo import Fabric, FabricSpec
     from workload.launcher import JobSpec
@@ -154,7 +166,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     fault = f"{link}:drop={args.rate:g}@iter={args.fault_at}"
     spec = ExperimentSpec(fabric=fabric.spec, job=JobSpec(size=4 << 20, iterations=args.iterations, idle_ms=300),
-                          faults=[parse_scheduled(fabric, fault)], prefix=args.prefix).validate()
+                          faults=[parse_scheduled(fabric, fault)], prefix=args.prefix,
+                          mitigation=None if args.no_mitigate else MitigationPolicy()).validate()
     say = (lambda m: print(m, file=sys.stderr))
     say(f"FlowPulse demo: 4 leaves x 4 spines x 2 hosts, 8-rank gloo allreduce of 4 MiB, {args.iterations} iterations;\n"
         f"a silent {args.rate:.1%} drop goes on {link} before iteration {args.fault_at}. Nobody is told where.")
@@ -162,23 +175,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     det = rep["detection"]["per_fault"][0]
     caught = det["detected"]
     localized = det.get("localization_correct", False)
+    left = rep["mitigation"]["drained_at_end"]
+    loop_ok = args.no_mitigate or left == [link]
 
     def story(r: dict) -> str:
         lines = ["", text_summary(r), ""]
-        its = r["iterations"]
-        f = r["faults"][0]
-        if f.get("start") and its:
-            pre = [i["duration_s"] for i in its if i["end"] < f["start"]][1:]
-            post = [i["duration_s"] for i in its if i["start"] >= f["start"]]
-            if pre and post:
-                lines.append(f"iteration time: {1e3 * sorted(pre)[len(pre) // 2]:.0f} ms before the fault, "
-                             f"{1e3 * sorted(post)[len(post) // 2]:.0f} ms after (median) - the job just runs, slower or not")
+        lines += cost_lines(r)
         lines.append(f"plots: {out}/fabric.png, {out}/ports-{r['alerts'][0]['switch'] if r['alerts'] else '...'}.png")
-        lines.append("RESULT: " + ("caught and localized" if caught and localized else
-                                   "caught, localized to candidates only" if caught else "NOT caught"))
+        verdict = "caught and localized" if caught and localized else \
+            "caught, localized to candidates only" if caught else "NOT caught"
+        if not args.no_mitigate:
+            verdict += f"; drained at the end: {', '.join(left) or 'nothing'}" + ("" if loop_ok else " (WRONG)")
+        lines.append("RESULT: " + verdict)
         return "\n".join(lines)
     emit(args, rep, story)
-    return 0 if caught and localized else 1
+    return 0 if caught and localized and loop_ok else 1
+
+
+def cost_lines(r: dict) -> list[str]:
+    """What each fault cost the job and, drained, what the job got back (report.json's cost)."""
+    out = []
+    for c in r.get("cost") or []:
+        def ms(v):
+            return "-" if v is None else f"{v:.0f} ms"
+
+        def s(v):
+            return "-" if v is None else f"{v:.2f} s"
+        out.append(f"{c['link']}: iteration time {ms(c['before_ms'])} before the fault, {ms(c['during_ms'])} while "
+                   f"it acted ({c['iterations_during']} iterations), {ms(c['after_drain_ms'])} after the drain "
+                   f"(median); retransmitted segments per iteration {c['retrans_before']} / {c['retrans_during']} / "
+                   f"{c['retrans_after_drain']}")
+        out.append(f"  from the fault's start: detected {s(c['to_detect_s'])}, named {s(c['to_name_s'])}, "
+                   f"drained {s(c['to_drain_s'])}")
+    return out
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from netns_testbed.errors import StateError
 from netns_testbed.state import Testbed, change_to_dict, write_state
-from netns_testbed.topo import Link, SprayChange
+from netns_testbed.topo import Link, SprayChange, node_kind
 
 log = logging.getLogger("flowpulse.testbed")
 MAX_CHANGES = 32      # spray changes the state file keeps (agents need only the latest)
@@ -50,25 +50,49 @@ def restore(tb: Testbed, links: Iterable[Link] | None = None) -> SprayChange | N
         return _switch(tb, "restore", tb.fabric.links_named(back), drained - back)
 
 
-def _switch(tb: Testbed, action: str, links: list[Link], drained: set[str]) -> SprayChange:
+def set_weight(tb: Testbed, link: Link, weight: float) -> SprayChange | None:
+    """Spray ``weight`` times an uplink's usual share over ``leafL->spineK`` (1: as built without
+    weights); None if it already is. The mitigation's canary: a suspect uplink keeps a small share, so
+    that its owner's evidence keeps coming while most of the traffic goes around it."""
+    from netns_testbed.errors import SpecError
+
+    if not (0 < weight <= 1000) or node_kind(link.src) != "leaf" or node_kind(link.dst) != "spine":
+        raise SpecError(f"weight {weight!r} on {link.name}: a weight in (0, 1000] on a leaf->spine uplink")
+    with tb.locked():
+        weights = dict(tb.state.weights)
+        if abs(weights.get(link.name, 1.0) - weight) < 1e-12:
+            return None
+        if abs(weight - 1.0) < 1e-12:
+            weights.pop(link.name, None)
+        else:
+            weights[link.name] = weight
+        return _switch(tb, "weight", [link], set(tb.state.drained), weights)
+
+
+def _switch(tb: Testbed, action: str, links: list[Link], drained: set[str],
+            weights: dict[str, float] | None = None) -> SprayChange:
     """Record the change, flip every leaf's tables, close the change's window (under the state lock)."""
     if not tb.state.datapath:
         raise StateError(f"testbed {tb.prefix!r} runs without the eBPF datapath: no spray tables to change")
     st = tb.state
-    before = list(st.drained)
+    before, before_w = list(st.drained), dict(st.weights)
     st.drained = sorted(drained)
+    if weights is not None:
+        st.weights = dict(weights)
     st.epoch += 1
     rec = {"epoch": st.epoch, "action": action, "links": [l.name for l in links],
-           "out_of_service": [l.name for l in tb.out_of_service], "t0_ns": time.monotonic_ns(), "t1_ns": None}
+           "out_of_service": [l.name for l in tb.out_of_service], "t0_ns": time.monotonic_ns(), "t1_ns": None,
+           "weights": dict(st.weights)}
     st.changes = (st.changes + [rec])[-MAX_CHANGES:]
     write_state(st)                   # before the first flip: an agent that reads a pulse sprayed anew sees it
     try:
         _flip(tb, tb.out_of_service)
     except BaseException:
-        st.drained = before           # put every leaf back as it was; the window stays closed over both
+        st.drained, st.weights = before, before_w   # every leaf back as it was; the window covers both
         _flip(tb, tb.out_of_service)
         rec["t1_ns"] = time.monotonic_ns()
         rec["out_of_service"] = [l.name for l in tb.out_of_service]
+        rec["weights"] = dict(st.weights)
         write_state(st)
         raise
     rec["t1_ns"] = time.monotonic_ns()

@@ -87,9 +87,12 @@ class Testbed:
 
     @property
     def latest_change(self) -> SprayChange | None:
-        if not self.state.changes:
-            return None
-        return change_from_dict(self.fabric, self.state.changes[-1])
+        return self.spray_changes[-1] if self.state.changes else None
+
+    @property
+    def spray_changes(self) -> list[SprayChange]:
+        """The latest spray changes, oldest first (netns_testbed.drain keeps MAX_CHANGES)."""
+        return [change_from_dict(self.fabric, d) for d in self.state.changes]
 
     def save(self) -> None:
         write_state(self.state)
@@ -113,13 +116,15 @@ class Testbed:
 
 def change_to_dict(c: SprayChange) -> dict:
     return {"epoch": c.epoch, "action": c.action, "links": [l.name for l in c.links],
-            "out_of_service": [l.name for l in c.out_of_service], "t0_ns": c.t0_ns, "t1_ns": c.t1_ns}
+            "out_of_service": [l.name for l in c.out_of_service], "t0_ns": c.t0_ns, "t1_ns": c.t1_ns,
+            "weights": dict(c.weights)}
 
 
 def change_from_dict(fabric: Fabric, d: dict) -> SprayChange:
     return SprayChange(int(d["epoch"]), str(d["action"]), tuple(fabric.links_named(d["links"])),
                        tuple(fabric.links_named(d["out_of_service"])), int(d["t0_ns"]),
-                       None if d["t1_ns"] is None else int(d["t1_ns"]))
+                       None if d["t1_ns"] is None else int(d["t1_ns"]),
+                       tuple(sorted((str(k), float(v)) for k, v in (d.get("weights") or {}).items())))
 
 
 def write_state(state: TestbedState) -> None:

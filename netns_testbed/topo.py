@@ -144,17 +144,18 @@ class Link:
 
 @dataclass(frozen=True)
 class SprayChange:
-    """A change of the links the leaves spray over (a drain or a restore, netns_testbed.drain): every
+    """A change of what the leaves spray over (a drain, a restore, an uplink's weight: netns_testbed.drain): every
     leaf's tables switched between monotonic times ``t0_ns`` and ``t1_ns`` (None while switching), and
     ``out_of_service`` is the whole set out of service after it. Detectors take the new shares and do
     not judge a pulse that crosses the window (agent.detector.SwitchDetector.reshare)."""
 
     epoch: int
-    action: str                       # "drain" or "restore"
-    links: tuple[Link, ...]           # what this change drained or restored
+    action: str                       # "drain", "restore" or "weight"
+    links: tuple[Link, ...]           # what this change drained, restored or weighed anew
     out_of_service: tuple[Link, ...]
     t0_ns: int
     t1_ns: int | None
+    weights: tuple[tuple[str, float], ...] = ()   # every uplink weight after it (leafL->spineK -> w; default 1)
 
 
 @dataclass(frozen=True)

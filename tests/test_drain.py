@@ -24,19 +24,19 @@ def _timed(pcs: dict[str, PulseCounts], i: int) -> dict[str, PulseCounts]:
             for sw, pc in pcs.items()}
 
 
-def _mixed(model: FabricModel, oos: list[Link], i: int) -> dict[str, PulseCounts]:
+def _mixed(model: FabricModel, oos: list[Link], i: int, weights: dict | None = None) -> dict[str, PulseCounts]:
     """One pulse in which the leaves switched tables halfway: half an iteration each way."""
-    size = model.spec.size
     model.pkts //= 2
     before = model.step()
-    model.set_out_of_service(oos)
+    model.set_out_of_service(oos, weights)
     after = model.step()
     model.pkts = int(model.pkts * 2)
     model.pulse -= 1
     return _timed({sw: merge([before[sw], after[sw]]) for sw in before}, i)
 
 
-def _stream(spec: ModelSpec, drain_at: int, pulses: int, drained: list[str], tell, faults: dict | None = None):
+def _stream(spec: ModelSpec, drain_at: int, pulses: int, drained: list[str], tell, faults: dict | None = None,
+            weights: dict | None = None):
     """Alerts of every switch's detector over a stream whose leaves drain ``drained`` in pulse ``drain_at``.
     ``tell(dets, oos, t0, t1)`` is what the detectors hear of the change, and when (see the tests)."""
     model = FabricModel(spec)
@@ -49,14 +49,14 @@ def _stream(spec: ModelSpec, drain_at: int, pulses: int, drained: list[str], tel
     events = []
     held = []
     for i in range(pulses):
-        pcs = _mixed(model, oos, i) if i == drain_at else _timed(model.step(), i)
+        pcs = _mixed(model, oos, i, weights) if i == drain_at else _timed(model.step(), i)
         held.append(pcs)
         if tell.early is not None and i == tell.early:
-            tell(dets, oos, t0, t1)
+            tell(dets, oos, t0, t1, weights)
         if i < tell.lag_until:
             continue                           # an agent that is behind: it reads these pulses later
         if i == drain_at and tell.early is None:
-            tell(dets, oos, t0, t1)
+            tell(dets, oos, t0, t1, weights)
         for p in held:
             for sw, pc in p.items():
                 events += [(sw, e) for e in dets[sw].observe(pc) if e.event == "alert"]
@@ -71,10 +71,10 @@ class Tell:
     def __init__(self, reshare: bool = True, early: int | None = None, lag_until: int = 0) -> None:
         self.reshare, self.early, self.lag_until = reshare, early, lag_until
 
-    def __call__(self, dets, oos, t0, t1) -> None:
+    def __call__(self, dets, oos, t0, t1, weights=None) -> None:
         if self.reshare:
             for d in dets.values():
-                d.reshare(oos, t0, t1)
+                d.reshare(oos, t0, t1, weights)
 
 
 SPEC = ModelSpec(fabric=FabricSpec(4, 4, 2), seed=3)
@@ -86,6 +86,14 @@ def test_a_drain_under_traffic_raises_no_alert(drained):
     assert events == []
     assert all(d.skipped <= 1 for d in dets.values())
     assert sum(d.skipped for d in dets.values()) >= 1      # the mixed pulse was seen and left out
+
+
+@pytest.mark.parametrize("weight", [0.25, 0.1])
+def test_a_canary_weight_under_traffic_raises_no_alert(weight):
+    """An uplink's weight cut to a canary share (the mitigation's first step on an ambiguous alert)."""
+    events, dets = _stream(SPEC, 20, 60, [], Tell(), weights={"leaf1->spine2": weight})
+    assert events == []
+    assert dets["leaf2"].checks[0].shares()[1, 2] == pytest.approx(weight / (3 + weight))
 
 
 def test_without_the_new_shares_the_same_drain_alarms():

@@ -94,12 +94,15 @@ class SwitchDetector:
         self.pulses_used = 0
         self.last_scores: dict[int, float] = {}
         self.last_ln_arl = 0.0
-        self.changes: deque[tuple[list[Link], float, float]] = deque()   # spray changes not yet reached (reshare)
+        # spray changes not yet reached (reshare): links out of service, weights, the window's ends
+        self.changes: deque[tuple[list[Link], dict[str, float], float, float]] = deque()
         self.skipped = 0                                 # pulses not judged because a change crossed them
 
     # -- a change of the spray shares (a drain, a restore) -----------------------------
-    def reshare(self, out_of_service: Sequence[Link], t0_ns: int = 0, t1_ns: int | None = None) -> None:
-        """The leaves spray with ``out_of_service`` out of service since the change between monotonic
+    def reshare(self, out_of_service: Sequence[Link], t0_ns: int = 0, t1_ns: int | None = None,
+                weights: dict[str, float] | None = None) -> None:
+        """The leaves spray with ``out_of_service`` out of service (and uplink ``weights``, None: as they
+        are) since the change between monotonic
         times ``t0_ns`` and ``t1_ns`` (None: still changing; 0, 0: long ago). Everything learned stays
         (noise factors, CUSUMs, ledgers, open alerts: a drained link's cells just stop being judged, its
         open alerts stay open). Pulses are judged by the shares of their time, also when they are read
@@ -110,22 +113,24 @@ class SwitchDetector:
         hi = math.inf if t1_ns is None else t1_ns + RESHARE_SETTLE_NS
         if self.changes and self.changes[-1][1] == lo:
             self.changes.pop()
-        self.changes.append((list(out_of_service), lo, hi))
+        self.changes.append((list(out_of_service), dict(self.weights if weights is None else weights), lo, hi))
 
     def _shares_for(self, pc: PulseCounts) -> bool:
         """Bring the checks' shares to the pulse's time; False if a change crosses the pulse."""
         while self.changes:
-            oos, lo, hi = self.changes[0]
+            oos, weights, lo, hi = self.changes[0]
             if pc.end_ns > 0 and pc.end_ns < lo:
                 return True                  # sprayed before the change
             if pc.end_ns > 0 and pc.start_ns <= hi:
                 return False                 # sprayed both ways
-            self._set_out_of_service(oos)    # after it (or a pulse with no kernel times: a replay)
+            self._set_out_of_service(oos, weights)   # after it (or a pulse with no kernel times: a replay)
             self.changes.popleft()
         return True
 
-    def _set_out_of_service(self, oos: list[Link]) -> None:
+    def _set_out_of_service(self, oos: list[Link], weights: dict[str, float] | None = None) -> None:
         self.oos = list(oos)
+        if weights is not None:
+            self.weights = dict(weights)
         for chk in self.checks:
             chk.set_shares(self.weights, self.oos)
 
@@ -381,11 +386,10 @@ class SwitchDetector:
     # -- persistence -----------------------------------------------------------------------
     def identity(self) -> dict:
         return {"version": STATE_VERSION, "switch": self.switch, "fabric": self.fabric.spec.to_dict(),
-                "spray": str(self.spray), "config": self.cfg.to_dict(), "weights": self.weights,
-                "per_source": self.per_source}
+                "spray": str(self.spray), "config": self.cfg.to_dict(), "per_source": self.per_source}
 
     def state(self) -> dict:
-        return {"identity": self.identity(), "out_of_service": sorted(l.name for l in self.oos),
+        return {"identity": self.identity(), "out_of_service": sorted(l.name for l in self.oos), "weights": self.weights,
                 "pulses_used": self.pulses_used,
                 "banks": [b.state() for b in self.banks], "poisson": self.poisson.state(),
                 "noise": [c.noise.state() for c in self.checks], "checks": [c.state() for c in self.checks],
@@ -395,14 +399,15 @@ class SwitchDetector:
         """Continue from a saved state; ValueError if it belongs to another switch, fabric or setting."""
         if d.get("identity") != self.identity():
             raise ValueError("saved detector state is for another switch, fabric state or configuration")
-        now = list(self.oos)
+        now, now_w = list(self.oos), dict(self.weights)
         try:
             then = self.fabric.parse_link_list(d["out_of_service"])
+            then_w = {str(k): float(v) for k, v in dict(d["weights"]).items()}
         except SpecError as e:
             raise ValueError(f"saved links out of service: {e}") from None
-        moved = {l.name for l in then} != {l.name for l in now}
+        moved = {l.name for l in then} != {l.name for l in now} or then_w != now_w
         if moved:
-            self._set_out_of_service(then)   # saved before a drain or a restore: its learned shares are of then
+            self._set_out_of_service(then, then_w)   # saved before a spray change: its learned shares are of then
         for b, s in zip(self.banks, d["banks"]):
             b.load(s)
         self.poisson.load(d["poisson"])
@@ -413,4 +418,4 @@ class SwitchDetector:
         self.book.open = {aid: OpenAlert.from_state(s) for aid, s in d["open"].items()}
         self.pulses_used = int(d["pulses_used"])
         if moved:
-            self._set_out_of_service(now)    # (the agent tells when the change was: SwitchAgent.follow_changes)
+            self._set_out_of_service(now, now_w)   # (the agent tells when the change was: follow_changes)
