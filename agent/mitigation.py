@@ -114,6 +114,7 @@ class Mitigator:
         self.policy = (policy or MitigationPolicy()).validate()
         self.mine: dict[str, str] = {}      # link drained by the policy -> the incident it was drained for
         self.canaries: dict[str, str] = {}  # uplink at its canary weight -> the incident
+        self.released: set[tuple[str, str]] = set()   # (link, incident) an operator restored
         self.actions: Counter[str] = Counter()
         self.history: list[dict] = []
         self.lock = threading.RLock()       # the poll loop acts, metrics scrapes read
@@ -132,6 +133,7 @@ class Mitigator:
         iid = inc["incident_id"]
         out: list[dict] = []
         if inc["event"] == "resolved":
+            self.released = {(l, i) for l, i in self.released if i != iid}
             if not inc.get("link"):
                 for link in [l for l, owner in self.canaries.items() if owner == iid]:
                     out += self._full_weight(link, iid, "the incident resolved before a link was named")
@@ -139,7 +141,8 @@ class Mitigator:
         named = inc.get("link")
         if named:
             link = self.fabric.parse_link(named)
-            if named not in self.mine and {node_kind(link.src), node_kind(link.dst)} == {"leaf", "spine"}:
+            if named not in self.mine and (named, iid) not in self.released and \
+                    {node_kind(link.src), node_kind(link.dst)} == {"leaf", "spine"}:
                 out += self._drain(link, iid, f"named by incident {iid}")
             for prev in [inc.get("previous_id"), iid]:
                 for up in [l for l, owner in self.canaries.items() if owner == prev]:
@@ -155,11 +158,12 @@ class Mitigator:
         return out
 
     def _forget_restored(self) -> None:
-        """An operator restored a link the policy drained: it is no longer the policy's."""
+        """An operator restored a link the policy drained: it is no longer the policy's, and the policy does
+        not drain it again for the same incident (the operator's call; a new incident may)."""
         if self.mine:
             now = self.actuator.drained()
             for link in [l for l in self.mine if l not in now]:
-                del self.mine[link]
+                self.released.add((link, self.mine.pop(link)))
 
     def _canary(self, link: Link, iid: str, why: str) -> list[dict]:
         try:

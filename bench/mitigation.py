@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The closed loop, side by side in one run (root): what a fault costs a job, and what draining it gives back.
+
+Same seed, 4x4x2 fabric, 8-rank gloo allreduce of 4 MiB, 30 iterations, the fault on before iteration
+10 on one leaf-spine link (drawn with --seed). Per fault (a 1% drop, a 5% drop, a blackhole of a
+quarter of the link's flows): the job without mitigation, and with the agents' mitigation
+(agent/mitigation.py). Beside them, the healthy job, and the healthy job with the same link drained
+from the start (the price of a drained link: one spine of four for that link's traffic).
+
+Median iteration times (rank 0), each the median of --repeat runs:
+
+* healthy: iterations 12-29; drained from the start: the same;
+* without mitigation: the iterations after the fault went on;
+* with mitigation: from the second iteration after the drain (report.json cost.after_drain_ms), and
+  the seconds from the fault's start to its drain; ``within 5%``: against healthy.
+
+Also per mitigated run: the links left drained at the end (only the faulty one is right).
+
+    sudo .venv/bin/python bench/mitigation.py
+    sudo .venv/bin/python bench/mitigation.py --repeat 3 --json
+
+Runtime: about 5 minutes per repeat on 2 CPUs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent.mitigation import MitigationPolicy  # noqa: E402
+from analysis.experiment import run_experiment  # noqa: E402
+from analysis.spec import ExperimentSpec, parse_scheduled  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
+from workload.launcher import JobSpec  # noqa: E402
+
+FAULTS = ("drop=0.01", "drop=0.05", "partial=0.25")
+PREFIX = "fpbm"
+ITERATIONS, FAULT_AT, HEALTHY_FROM = 30, 10, 12
+
+
+def one(out: Path, link: str, fault: str | None, mitigate: bool, oos: list[str], seed: int) -> dict:
+    fab = Fabric(FabricSpec())
+    spec = ExperimentSpec(fabric=fab.spec, job=JobSpec(size=4 << 20, iterations=ITERATIONS, idle_ms=300, seed=seed),
+                          faults=[parse_scheduled(fab, f"{link}:{fault}@iter={FAULT_AT}")] if fault else [],
+                          out_of_service=oos, prefix=PREFIX, seed=seed,
+                          mitigation=MitigationPolicy() if mitigate else None).validate()
+    rep = run_experiment(spec, out)
+    its = rep["iterations"]
+    if not fault:
+        ms = statistics.median(it["duration_s"] * 1e3 for it in its if it["index"] >= HEALTHY_FROM)
+        return {"ms": ms, "ok": rep["workload"]["ok"]}
+    c = rep["cost"][0] if rep["cost"] else {}
+    ms = c.get("after_drain_ms") if mitigate else c.get("during_ms")
+    return {"ms": ms, "ok": rep["workload"]["ok"], "to_drain_s": c.get("to_drain_s"),
+            "left_drained": rep["mitigation"]["drained_at_end"], "before_ms": c.get("before_ms")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1, help="draws the faulty link")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per cell (the median is shown)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    link = random.Random(args.seed).choice(Fabric(FabricSpec()).fabric_links()).name
+    cells: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        n = 0
+        for r in range(args.repeat):
+            plan = [("healthy", None, False, []), ("drained from the start", None, False, [link])]
+            plan += [(f"{f} {m}", f, m == "with", []) for f in FAULTS for m in ("without", "with")]
+            for name, fault, mit, oos in plan:
+                n += 1
+                print(f"[{n}] {name} on {link} (repeat {r + 1})", file=sys.stderr, flush=True)
+                cells.setdefault(name, []).append(one(Path(tmp) / f"r{n}", link, fault, mit, oos, args.seed))
+
+    def med(name: str, key: str = "ms"):
+        xs = [c[key] for c in cells[name] if c.get(key) is not None]
+        return round(statistics.median(xs), 1) if xs else None
+
+    healthy = med("healthy")
+    rows = [{"case": "healthy", "ms": healthy}, {"case": "drained from the start", "ms": med("drained from the start")}]
+    for f in FAULTS:
+        w = med(f"{f} with")
+        rows.append({"case": f, "without_ms": med(f"{f} without"), "with_ms": w,
+                     "within_5pct": None if w is None else w <= 1.05 * healthy,
+                     "to_drain_s": med(f"{f} with", "to_drain_s"),
+                     "left_drained": sorted({x for c in cells[f"{f} with"] for x in c["left_drained"]}),
+                     "jobs_ok": all(c["ok"] for k in (f"{f} with", f"{f} without") for c in cells[k])})
+    if args.json:
+        print(json.dumps({"link": link, "repeat": args.repeat, "rows": rows}, indent=2))
+        return 0
+    print(f"faulty link {link}; median iteration time (ms), median of {args.repeat} run(s) each")
+    print(f"healthy {rows[0]['ms']}   drained from the start {rows[1]['ms']}")
+    print(f"{'fault':14s} {'without':>8s} {'with':>8s} {'within 5%':>9s} {'to drain s':>10s}  left drained")
+    for r in rows[2:]:
+        print(f"{r['case']:14s} {r['without_ms']!s:>8s} {r['with_ms']!s:>8s} {r['within_5pct']!s:>9s} "
+              f"{r['to_drain_s']!s:>10s}  {', '.join(r['left_drained']) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
