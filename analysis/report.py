@@ -148,6 +148,10 @@ def text_summary(report: dict) -> str:
                             if pf.get("iterations_detect_to_localize") is not None else ""))
         else:
             lines.append(f"  {pf['link']}: missed")
+    for act in (report.get("mitigation") or {}).get("actions", []):
+        lines.append(f"mitigation: {act['action']} {act['link']} at {act['time'] - report['started']:.1f} s "
+                     f"({act['reason']})")
+    lines += cost_lines(report)
     b = report.get("baselines", {})
     if b:
         ic, hr = b["interface_counters"], b["host_retransmissions"]
@@ -156,6 +160,24 @@ def text_summary(report: dict) -> str:
         lines.append(f"baseline host retransmissions: {'alarm on ' + ', '.join(hr.get('alarmed_hosts', [])) if hr['detected'] else 'no alarm'}"
                      f"; blame: {hr.get('guess') or ('tie among ' + str(len(hr.get('tied_top_links', []))) + ' links' if hr.get('tied_top_links') else 'none')}")
     return "\n".join(lines)
+
+
+def cost_lines(r: dict) -> list[str]:
+    """What each fault cost the job and, drained, what the job got back (report.json's cost)."""
+    out = []
+    for c in r.get("cost") or []:
+        def ms(v):
+            return "-" if v is None else f"{v:.0f} ms"
+
+        def s(v):
+            return "-" if v is None else f"{v:.2f} s"
+        out.append(f"cost of {c['link']}: iteration time {ms(c['before_ms'])} before the fault, {ms(c['during_ms'])} "
+                   f"while it acted ({c['iterations_during']} iterations), {ms(c['after_drain_ms'])} after the drain "
+                   f"(medians); retransmitted segments per iteration {c.get('retrans_before')} / "
+                   f"{c.get('retrans_during')} / {c.get('retrans_after_drain')}")
+        out.append(f"  from the fault's start: detected {s(c['to_detect_s'])}, named {s(c['to_name_s'])}, "
+                   f"drained {s(c['to_drain_s'])}")
+    return out
 
 
 def validate_report(report: dict) -> None:

@@ -180,7 +180,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     def story(r: dict) -> str:
         lines = ["", text_summary(r), ""]
-        lines += cost_lines(r)
         lines.append(f"plots: {out}/fabric.png, {out}/ports-{r['alerts'][0]['switch'] if r['alerts'] else '...'}.png")
         verdict = "caught and localized" if caught and localized else \
             "caught, localized to candidates only" if caught else "NOT caught"
@@ -190,24 +189,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return "\n".join(lines)
     emit(args, rep, story)
     return 0 if caught and localized and loop_ok else 1
-
-
-def cost_lines(r: dict) -> list[str]:
-    """What each fault cost the job and, drained, what the job got back (report.json's cost)."""
-    out = []
-    for c in r.get("cost") or []:
-        def ms(v):
-            return "-" if v is None else f"{v:.0f} ms"
-
-        def s(v):
-            return "-" if v is None else f"{v:.2f} s"
-        out.append(f"{c['link']}: iteration time {ms(c['before_ms'])} before the fault, {ms(c['during_ms'])} while "
-                   f"it acted ({c['iterations_during']} iterations), {ms(c['after_drain_ms'])} after the drain "
-                   f"(median); retransmitted segments per iteration {c['retrans_before']} / {c['retrans_during']} / "
-                   f"{c['retrans_after_drain']}")
-        out.append(f"  from the fault's start: detected {s(c['to_detect_s'])}, named {s(c['to_name_s'])}, "
-                   f"drained {s(c['to_drain_s'])}")
-    return out
 
 
 def cmd_report(args: argparse.Namespace) -> int:
