@@ -47,13 +47,13 @@ def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
 
 
 class ChangeWatch:
-    """The testbed's latest spray changes, from its state file: read again only when the file was replaced
-    (one stat per call: each write replaces the file, a new inode)."""
+    """The testbed's latest spray changes, from its state file: read again only when the file changed (one
+    stat per call: each write replaces the file; a change's second write, its end, changes the size)."""
 
     def __init__(self, tb) -> None:
         self.tb = tb
         self.path = tb.dir / "state.json"
-        self.key: tuple[int, int] | None = None
+        self.key: tuple[int, int, int] | None = None
         self.changes: list[SprayChange] = []
 
     def __call__(self) -> list[SprayChange]:

@@ -1,5 +1,5 @@
-"""Drain and restore leaf-spine links of a running testbed: the leaves stop (or start again) spraying
-over them, while jobs run.
+"""Drain and restore leaf-spine links of a running testbed, and weigh its uplinks: the leaves stop (or
+start again, or go on at another share) spraying over them, while jobs run.
 
 A drained ``leafA->spineK`` takes spine K out of leaf A's tables towards every leaf; a drained
 ``spineK->leafL`` takes spine K out of every leaf's table towards leaf L (the packets for L's hosts
@@ -22,7 +22,8 @@ from netns_testbed.state import Testbed, change_to_dict, write_state
 from netns_testbed.topo import Link, SprayChange, node_kind
 
 log = logging.getLogger("flowpulse.testbed")
-MAX_CHANGES = 32      # spray changes the state file keeps (agents need only the latest)
+MAX_CHANGES = 32      # spray changes the state file keeps: an agent takes each one since it last looked
+                      # (SwitchAgent.follow_changes); one further behind judges from the latest
 
 
 def drain(tb: Testbed, links: Iterable[Link], min_spines: int = 1) -> SprayChange | None:

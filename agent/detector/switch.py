@@ -98,12 +98,12 @@ class SwitchDetector:
         self.changes: deque[tuple[list[Link], dict[str, float], float, float]] = deque()
         self.skipped = 0                                 # pulses not judged because a change crossed them
 
-    # -- a change of the spray shares (a drain, a restore) -----------------------------
+    # -- a change of the spray shares (a drain, a restore, an uplink's weight) --------
     def reshare(self, out_of_service: Sequence[Link], t0_ns: int = 0, t1_ns: int | None = None,
                 weights: dict[str, float] | None = None) -> None:
         """The leaves spray with ``out_of_service`` out of service (and uplink ``weights``, None: as they
-        are) since the change between monotonic
-        times ``t0_ns`` and ``t1_ns`` (None: still changing; 0, 0: long ago). Everything learned stays
+        are) since the change between monotonic times ``t0_ns`` and ``t1_ns`` (None: still changing).
+        Everything learned stays
         (noise factors, CUSUMs, ledgers, open alerts: a drained link's cells just stop being judged, its
         open alerts stay open). Pulses are judged by the shares of their time, also when they are read
         late: one that ends before the change by the old ones, one that starts after it by the new ones,
