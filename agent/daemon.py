@@ -184,6 +184,7 @@ class SwitchAgent:
         if pc.nports != self.detector.nports:
             log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
             self.detector = self._make_detector()
+            self.change_seen = None      # a detector built with the latest shares: only that change's window counts
         self.follow_changes()   # after the pulse closed: a change that reached its packets is recorded by now
         events = self.detector.observe(pc)
         if events or self.pulses % self.opts.save_every == 0:

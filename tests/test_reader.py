@@ -171,6 +171,8 @@ def test_detector_rebuilt_for_new_port_count():
     agent._make_detector = lambda: SwitchDetector(Fabric(FabricSpec(hosts_per_leaf=3)), "leaf0", DetectorConfig())
     agent.switch, agent.pulses, agent._rec, agent.sinks, agent.alerts_total, agent.busy_s = "leaf0", 0, None, [], {}, 0.0
     agent.opts = type("O", (), {"persist": False, "save_every": 10, "export_verdicts": False})()
+    agent.dep = type("D", (), {"spray_changes": None})()         # no spray changes to follow
+    agent.change_seen = None
     pc = PulseCounts("leaf0", 1, np.zeros((7, 2, 6), np.int64), np.zeros((7, 2), np.int64))
     pending = [pc]
     agent.reader = type("R", (), {"poll": lambda self: pending.pop() if pending else None})()
