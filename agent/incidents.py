@@ -161,10 +161,21 @@ class Incident:
     def state(self) -> str:
         return "localized" if self.link else "localizing"
 
+    @property
+    def domain(self) -> str:
+        """The node every link the incident blames goes through (a spine before a leaf before a host): the same for a
+        fault's localizing incidents (each leaf that saw it has its own candidate pair, all through spine
+        K) and its localized one. Alerting groups and inhibits by it, so that one fault pages once."""
+        links = [n.split("->") for n in ([self.link] if self.link else self.candidates)]
+        common = set(links[0]).intersection(*links[1:]) if links else set()
+        rank = {"spine": 0, "leaf": 1}
+        return sorted(common, key=lambda n: (rank.get(node_kind(n), 2), n))[0] if common else self.incident_id
+
     def event(self, event: str, now: float, reporter: str | None) -> dict:
         als = list(self.alerts.values())
         return {"event": event, "incident_id": self.incident_id, "time": now, "state": self.state if event != "resolved"
-                else "resolved", "link": self.link, "candidates": list(self.candidates), "kind": self.kind,
+                else "resolved", "link": self.link, "candidates": list(self.candidates), "domain": self.domain,
+                "kind": self.kind,
                 "estimated_rate": round(max((a["estimated_rate"] for a in als), default=self.rate), 6),
                 "onset_time": min((a.get("onset_time") or a["time"] for a in als), default=self.first_time),
                 "first_time": self.first_time, "alerts": sorted(self.alerts),

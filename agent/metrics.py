@@ -109,13 +109,14 @@ class AgentCollector:
     def _incidents(self) -> list:
         inc = GaugeMetricFamily("flowpulse_incident",
                                 "1 per open incident: link is the one named, or the candidates joined by | while "
-                                "localizing; candidates: the links its first alerts pointed at",
-                                labels=["incident", "link", "candidates", "kind", "state"])
+                                "localizing; candidates: the links its first alerts pointed at; domain: the node "
+                                "all of them go through (one fault's incidents share it)",
+                                labels=["incident", "link", "candidates", "kind", "state", "domain"])
         irate = GaugeMetricFamily("flowpulse_incident_estimated_rate", "Estimated rate of an open incident",
-                                  labels=["incident", "link", "candidates", "kind", "state"])
+                                  labels=["incident", "link", "candidates", "kind", "state", "domain"])
         for i in list(self.tracker.incidents.values()):
             cands = "|".join(sorted({c for a in i.alerts.values() for c in a.get("candidates") or []}))
-            labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state]
+            labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state, i.domain]
             inc.add_metric(labels, 1.0)
             irate.add_metric(labels, i.rate)
         return [inc, irate]

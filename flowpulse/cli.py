@@ -75,8 +75,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flowpulse import (cmd_agent, cmd_counters, cmd_experiment, cmd_fabric, cmd_fault, cmd_feed, cmd_sweep,
-                          cmd_workload)
+    from flowpulse import (cmd_agent, cmd_counters, cmd_experiment, cmd_fabric, cmd_fault, cmd_feed, cmd_hook,
+                          cmd_sweep, cmd_workload)
 
     parser = Parser(
         prog="flowpulse", formatter_class=Formatter,
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  sudo flowpulse counters --switch leaf2\n  sudo flowpulse fabric down\n")
     parser.add_argument("--version", action="version", version=f"flowpulse {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for mod in (cmd_fabric, cmd_fault, cmd_counters, cmd_workload, cmd_agent, cmd_feed, cmd_experiment, cmd_sweep):
+    for mod in (cmd_fabric, cmd_fault, cmd_counters, cmd_workload, cmd_agent, cmd_hook, cmd_feed, cmd_experiment,
+                cmd_sweep):
         mod.register(sub)
     return parser
 
