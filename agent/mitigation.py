@@ -115,6 +115,7 @@ class Mitigator:
         self.mine: dict[str, str] = {}      # link drained by the policy -> the incident it was drained for
         self.canaries: dict[str, str] = {}  # uplink at its canary weight -> the incident
         self.released: set[tuple[str, str]] = set()   # (link, incident) an operator restored
+        self.refused: set[tuple[str, str]] = set()    # (link, incident) refused once: said once
         self.actions: Counter[str] = Counter()
         self.history: list[dict] = []
         self.lock = threading.RLock()       # the poll loop acts, metrics scrapes read
@@ -134,6 +135,7 @@ class Mitigator:
         out: list[dict] = []
         if inc["event"] == "resolved":
             self.released = {(l, i) for l, i in self.released if i != iid}
+            self.refused = {(l, i) for l, i in self.refused if i != iid}
             if not inc.get("link"):
                 for link in [l for l, owner in self.canaries.items() if owner == iid]:
                     out += self._full_weight(link, iid, "the incident resolved before a link was named")
@@ -182,17 +184,25 @@ class Mitigator:
         return [self._event("canary_lifted", name, iid, why)]
 
     def _drain(self, link: Link, iid: str, why: str) -> list[dict]:
+        """Drain ``link`` for incident ``iid``; a refusal is tried again at the incident's next event (a
+        link may have been restored since) but reported once."""
         touched = Counter(n for name in self.mine for n in name.split("->"))
         full = [n for n in (link.src, link.dst) if touched[n] >= self.policy.max_per_switch]
         if full:
-            return [self._event("refused", link.name, iid, f"{', '.join(full)} already has "
-                                f"{self.policy.max_per_switch} link(s) drained by the policy")]
+            return self._refused(link.name, iid, f"{', '.join(full)} already has "
+                                 f"{self.policy.max_per_switch} link(s) drained by the policy")
         try:
             self.actuator.drain([link], self.policy.min_spines)
         except UserError as e:
-            return [self._event("refused", link.name, iid, str(e))]
+            return self._refused(link.name, iid, str(e))
         self.mine[link.name] = iid
         return [self._event("drain", link.name, iid, why)]
+
+    def _refused(self, link: str, iid: str, why: str) -> list[dict]:
+        if (link, iid) in self.refused:
+            return []
+        self.refused.add((link, iid))
+        return [self._event("refused", link, iid, why)]
 
     def _event(self, action: str, link: str, iid: str, why: str) -> dict:
         self.actions[action] += 1
@@ -204,7 +214,3 @@ class Mitigator:
     def drained(self) -> dict[str, str]:
         with self.lock:
             return dict(self.mine)
-
-    def weighted(self) -> dict[str, str]:
-        with self.lock:
-            return dict(self.canaries)

@@ -90,6 +90,9 @@ def test_refusals_change_nothing_and_are_reported():
     ev = m.on_incident(inc("open", "spine0->leaf1", "spine0->leaf1"))                # the last spine to leaf1
     assert actions(ev) == [("refused", "spine0->leaf1")] and "0 spine" in ev[0]["reason"]
     assert fab.out == {"leaf0->spine1"}
+    assert m.on_incident(inc("update", "spine0->leaf1", "spine0->leaf1")) == []          # said once
+    fab.out.clear()                                                                       # an operator restores
+    assert actions(m.on_incident(inc("update", "spine0->leaf1", "spine0->leaf1"))) == [("drain", "spine0->leaf1")]
     cap = FakeFabric(FABRIC)
     m = Mitigator(FABRIC, cap, MitigationPolicy(max_per_switch=1))
     m.on_incident(inc("open", "leaf0->spine1", "leaf0->spine1"))
