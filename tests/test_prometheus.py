@@ -159,8 +159,13 @@ def test_grafana_provisioning_points_at_the_dashboard_and_a_prometheus():
 
 def test_dashboard_uses_exported_metrics():
     from agent.metrics import AgentCollector
+    from agent.mitigation import Mitigator
+    from netns_testbed.topo import Fabric, FabricSpec
 
-    exported = {m.name for m in AgentCollector([]).collect()}
+    from agent.incidents import IncidentTracker
+
+    fab = Fabric(FabricSpec())
+    exported = {m.name for m in AgentCollector([], IncidentTracker(fab, None), Mitigator(fab, None)).collect()}
     exported |= {n + "_total" for n in exported}
     exported |= {"flowpulse:link_suspected:max", "flowpulse:link_estimated_rate:max"}
     dash = json.loads((DEPLOY / "grafana" / "flowpulse.json").read_text())

@@ -4,11 +4,13 @@ A silent fault is one no counter shows; an operator's interface-counter monitor 
 would otherwise "find" every injected drop. Per fault kind and link class, on both hooks: traffic
 crosses the faulty link, the injector hits packets, and no interface of any node of the testbed
 (switch ports at both ends, the hosts' eth0) counts a drop or an error. The drops land in each
-switch's sink (builder.SINK_IFNAME), whose tx_dropped equals the injector's hits: the test fails if
-the drop went anywhere else. A corrupted header shows where a real receiver checks it: the downstream
+switch's sink (builder.SINK_IFNAME): on 6.18 its tx_dropped equals the injector's hits, so the test
+fails there if the drop went anywhere else; 6.1 (the guest pass) discards them uncounted. A corrupted header shows where a real receiver checks it: the downstream
 switch's IP InHdrErrors, and nowhere in the interface statistics.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -72,4 +74,8 @@ def test_every_fault_kind_leaves_interface_statistics_untouched(make_testbed, ho
             ip1 = snmp(tb.ns(receiver))["Ip"]
             assert ip1["InHdrErrors"] - ip0["InHdrErrors"] == hit, f"{text}: the receiver checks every corrupted header"
         else:
-            assert sink == hit, f"{text} ({hook}): {hit} dropped, {sink} reached the sink"
+            # 6.18 counts what the down sink discards in its tx_dropped, exactly; 6.1 discards it in the down
+            # device's noop qdisc, which counts nowhere an interface shows (measured in the guest)
+            assert sink in (hit, 0), f"{text} ({hook}): {hit} dropped, {sink} reached the sink"
+            if os.uname().release.startswith("6.18"):
+                assert sink == hit, f"{text} ({hook}): {hit} dropped, {sink} reached the sink"
