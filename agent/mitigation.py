@@ -26,7 +26,8 @@ The policy, per incident event (agent.incidents):
 Every action (drain, canary, canary_lifted, refused) is an event in the incidents stream (``"event":
 "mitigation"``), a Prometheus series (agent.metrics) and a line in the agent's log. Where the agent does
 not own routing (a real fabric), the :class:`Actuator` is the part that changes: the testbed's spray
-tables here, a webhook receiver elsewhere (deploy/hooks/).
+tables here; elsewhere Alertmanager's routing receiver, such as ``flowpulse nexthop-hook``
+(agent.nexthops).
 """
 from __future__ import annotations
 

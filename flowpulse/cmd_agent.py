@@ -138,7 +138,7 @@ def check_agent_args(args: argparse.Namespace) -> None:
         raise SpecError("--degraded goes with a testbed; with --site list the links under degraded: in the site file")
     if args.mitigate and not args.all:
         raise SpecError("--mitigate goes with --all on a testbed (one process sees every incident); on a real "
-                        "fabric route the flowpulse_link_drained alert to your routing (deploy/hooks/)")
+                        "fabric route the FlowPulseLinkDrained alert to your routing (flowpulse nexthop-hook)")
     if args.mitigate:
         from agent.mitigation import MitigationPolicy
 

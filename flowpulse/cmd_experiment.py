@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse experiment --spray rr --out-of-service 'leaf0<->spine3' \\\n"
                "       --fault 'spine0->leaf3:corrupt=0.015@t=12.5' --iterations 40 --out runs/z\n"
                "  sudo flowpulse experiment --fault-backend netem --fault 'leaf0->spine1:drop=0.02@iter=5' --out runs/n\n"
-               "  sudo flowpulse experiment --mitigate --fault 'leaf2->spine1:partial=0.25@iter=10' --out runs/m\n"
+               "  sudo flowpulse experiment --mitigate --fault 'leaf2->spine1:drop=0.02@iter=10' --out runs/m\n"
                "FAULT is LINK:KIND[=RATE][,MODS][@iter=K|@t=SECONDS] (see `flowpulse fault add --help`).")
     add_experiment_args(p)
     p.set_defaults(func=cmd_experiment)
@@ -79,8 +79,8 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault-backend", choices=("bpf", "netem"), default=None,
                    help="what injects the faults: the datapath's BPF injector (default) or the kernel's netem")
     p.add_argument("--mitigate", action="store_true",
-                   help="the agents drain the links an incident blames and restore the innocent ones "
-                        "(agent/mitigation.py; default: they only report)")
+                   help="the agents drain the link an incident names (a canary share on the suspect uplink while "
+                        "it is localizing: agent/mitigation.py); default: they only report")
     p.add_argument("--model", choices=("analytic", "learned"))
     p.add_argument("--fa-per-day", type=float, help="false-alert budget of the fabric per day (default 1)")
     p.add_argument("--pulse-hz", type=float, help="pulses per second per switch, for the budget (default 1)")
