@@ -159,11 +159,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if all(d.get("healthy") for d in data) else 1
 
 
-def _spray_change(args: argparse.Namespace, change, verb: str) -> int:
+def _spray_change(args: argparse.Namespace, tb, change, verb: str) -> int:
+    """Report a drain or restore; ``tb`` holds the state the change left (drain.py reads it under the lock)."""
     from netns_testbed.drain import as_dict
-    from netns_testbed.state import Testbed
 
-    tb = Testbed.load(args.prefix)
     data = {"changed": change is not None, "change": as_dict(change), "drained": [l.name for l in tb.drained]}
     emit(args, data, lambda d: (f"{verb} {', '.join(d['change']['links'])} in "
                                 f"{(d['change']['t1_ns'] - d['change']['t0_ns']) / 1e6:.1f} ms"
@@ -181,7 +180,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     links = tb.fabric.parse_link_list(args.links)
     tb.fabric.check_drain(tb.out_of_service, links, args.min_spines)   # refused before anything is touched
     require_root()
-    return _spray_change(args, drain.drain(tb, links, args.min_spines), "drained")
+    return _spray_change(args, tb, drain.drain(tb, links, args.min_spines), "drained")
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -194,7 +193,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     tb = Testbed.load(args.prefix)
     links = None if args.all else tb.fabric.parse_link_list(args.links)
     require_root()
-    return _spray_change(args, drain.restore(tb, links), "restored")
+    return _spray_change(args, tb, drain.restore(tb, links), "restored")
 
 
 def cmd_ping(args: argparse.Namespace) -> int:

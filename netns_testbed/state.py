@@ -87,7 +87,7 @@ class Testbed:
 
     @property
     def latest_change(self) -> SprayChange | None:
-        return self.spray_changes[-1] if self.state.changes else None
+        return change_from_dict(self.fabric, self.state.changes[-1]) if self.state.changes else None
 
     @property
     def spray_changes(self) -> list[SprayChange]:

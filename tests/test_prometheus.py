@@ -90,6 +90,23 @@ def operator_stack(tmp_path: Path, metrics_ports: list[int], base: int, hook: We
     ]
 
 
+def stop_all(stop: threading.Event, sched, stack: list[subprocess.Popen], hook: Webhook,
+             threads: list[threading.Thread], agents: list) -> None:
+    """A live test's teardown: the agents' loops and the fault scheduler, Prometheus and Alertmanager,
+    the receiver, the agents' maps."""
+    stop.set()
+    if sched:
+        sched.stop.set()
+    for proc in stack:
+        proc.terminate()
+        proc.wait(timeout=10)
+    hook.close()
+    for th in threads:
+        th.join(timeout=5)
+    for a in agents:
+        a.close()
+
+
 def test_rules_check_and_unit_tests():
     assert PROMTOOL, "promtool missing: scripts/setup.sh installs Debian's prometheus package"
     r = subprocess.run([PROMTOOL, "check", "rules", str(DEPLOY / "prometheus" / "flowpulse.rules.yml")],
@@ -247,17 +264,7 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         assert {a["labels"].get("link") for a in paged if a["labels"]["state"] == "localized"} == {"leaf0->spine1"}
         assert all(a["labels"]["state"] == "localized" for a in paged), paged
     finally:
-        stop.set()
-        if sched:
-            sched.stop.set()
-        for proc in stack:
-            proc.terminate()
-            proc.wait(timeout=10)
-        hook.close()
-        for th in threads:
-            th.join(timeout=5)
-        for a in agents:
-            a.close()
+        stop_all(stop, sched, stack, hook, threads, agents)
 
 
 @pytest.mark.root
@@ -314,13 +321,4 @@ def test_one_fault_pages_once_and_sends_its_drain_once(make_testbed, tmp_path):
         assert [a["labels"]["link"] for a in actions[0]["alerts"]] == ["leaf2->spine1"]
         assert mitigator.drained() == {"leaf2->spine1": "leaf2->spine1"}
     finally:
-        stop.set()
-        if sched:
-            sched.stop.set()
-        for proc in stack:
-            proc.terminate()
-            proc.wait(timeout=10)
-        hook.close()
-        th.join(timeout=5)
-        for a in agents:
-            a.close()
+        stop_all(stop, sched, stack, hook, [th], agents)
