@@ -22,9 +22,13 @@ from typing import TYPE_CHECKING, Callable, TextIO
 
 from agent.deployment import Deployment, of_testbed
 from agent.detector import Alert, DetectorConfig, SwitchDetector
+from agent.detector.switch import STATE_SCHEMA, ForeignState
 from agent.incidents import IncidentTracker, LocalEvidence, VerdictFiles, write_verdicts
 from agent.pulse import PulseCounts
 from agent.reader import testbed_reader
+from netns_testbed import untrusted
+from netns_testbed.safefiles import open_append, read_bounded, write_atomic
+from netns_testbed.untrusted import REFUSED
 
 if TYPE_CHECKING:
     from agent.mitigation import Mitigator
@@ -33,6 +37,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("flowpulse.agent")
 AGENT_NICE = -10  # the poller's nice value (needs root)
 MAX_PULSES_PER_STEP = 64   # pulses of one switch read in a row before the loop goes on
+# A poll that raises (a bug, a reader that fails) is logged with its traceback and counted
+# (flowpulse_agent_errors_total), and the loop goes on with the next poll; this many in a row from one
+# switch means it will not recover: run_agents raises, the agent exits and its service manager restarts it.
+MAX_ERRORS_IN_ROW = 50
+
+
+# what reading and loading a saved detector state raises when the file is not one this agent wrote
+# (SwitchDetector.load_state walks nested parts the schema only outlines)
+BAD_STATE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
+def read_saved_state(path: Path) -> dict:
+    """A saved detector state, checked before any of it is used: a regular file (no symlink, bounded),
+    strict JSON, :data:`STATE_SCHEMA` at the top level. Raises one of :data:`BAD_STATE`."""
+    d = untrusted.loads(read_bounded(path))
+    untrusted.check(STATE_SCHEMA, d)
+    return d
 
 
 @dataclass
@@ -76,16 +97,19 @@ class SwitchAgent:
         self.sinks = list(sinks or [])
         self.alerts_total: dict[str, int] = {}
         self.last_pulse: PulseCounts | None = None
+        self.last_pulse_at: float | None = None   # time.monotonic() when the latest pulse was read
         self.pulses = 0
+        self.errors = 0            # polls that raised (run_agents)
+        self.errors_in_row = 0
         self.busy_s = 0.0
         self.last_poll = time.monotonic()   # the poll loop's heartbeat (/healthz)
+        self.started_at = self.last_poll
         # held by the poll loop while it steps the detector, and by readers in other threads (metrics
         # scrapes) while they read it: a scrape sees one pulse's state, never one half-judged
         self.lock = threading.RLock()
         self._rec: TextIO | None = None
         if opts.record:
-            opts.record.mkdir(parents=True, exist_ok=True)
-            self._rec = open(opts.record / f"pulses-{switch}.jsonl", "a")
+            self._rec = open_append(opts.record / f"pulses-{switch}.jsonl")
 
     @classmethod
     def on_testbed(cls, tb: "Testbed", switch: str, opts: AgentOptions, sinks: list[Callable[[dict], None]] | None = None,
@@ -110,27 +134,30 @@ class SwitchAgent:
         return self.dep.state_dir / f"{self.switch}.json"
 
     def _restore(self) -> None:
-        """Continue from the state a previous agent of this switch saved (same fabric state and settings)."""
+        """Continue from the state a previous agent of this switch saved (same fabric state and settings).
+        A state file that is not one (a link, too large, not JSON, not :data:`STATE_SCHEMA`, or one whose
+        parts do not load) is counted (``flowpulse_bad_input_total{source="state"}``) and the agent starts
+        afresh."""
         if not self.opts.persist:
             return
+        path = self.state_path
         try:
-            self.detector.load_state(json.loads(self.state_path.read_text()))
+            self.detector.load_state(read_saved_state(path))
             log.info("%s: continuing from saved detector state (%d pulses, %d open alerts)", self.switch,
                      self.detector.pulses_used, len(self.detector.active))
         except FileNotFoundError:
             pass
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+        except ForeignState as e:
             log.warning("%s: saved detector state not used (%s): starting afresh", self.switch, e)
+            self.detector = self._make_detector()
+        except BAD_STATE as e:
+            REFUSED.refuse("state", str(path), f"{type(e).__name__}: {e}")
             self.detector = self._make_detector()
 
     def save_state(self) -> None:
         if not self.opts.persist:
             return
-        path = self.state_path
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.detector.state()))
-        os.replace(tmp, path)
+        write_atomic(self.state_path, json.dumps(self.detector.state()))
 
     def accept(self) -> None:
         """The operator accepted the fabric's current state (out-of-service links, weights,
@@ -181,6 +208,7 @@ class SwitchAgent:
     def _observe(self, pc) -> list[Alert]:
         self.pulses += 1
         self.last_pulse = pc
+        self.last_pulse_at = time.monotonic()
         if pc.nports != self.detector.nports:
             log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
             self.detector = self._make_detector()
@@ -190,7 +218,7 @@ class SwitchAgent:
         if events or self.pulses % self.opts.save_every == 0:
             self.save_state()
         if self.opts.export_verdicts:
-            write_verdicts(self.verdict_dir, self.detector)
+            write_verdicts(self.verdict_dir, self.detector, self.dep.verdict_key)
         if self._rec:
             rec = pc.to_dict()
             rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
@@ -225,7 +253,7 @@ class JsonLinesSink:
     def __init__(self, path: Path | None, stdout: bool = False) -> None:
         self.lock = threading.Lock()
         self.path = path
-        self.f = open(path, "a") if path else None
+        self.f = open_append(path) if path else None
         self.stdout = stdout
 
     def _current(self) -> TextIO | None:
@@ -237,7 +265,7 @@ class JsonLinesSink:
             same = False
         if not same:
             self.f.close()
-            self.f = open(self.path, "a")
+            self.f = open_append(self.path)
         return self.f
 
     def __call__(self, event: dict) -> None:
@@ -259,7 +287,8 @@ def make_tracker(agents: list[SwitchAgent], reporter: str | None = None) -> Inci
     """The incident tracker for agents in this process: their own verdicts in memory, other switches'
     from the verdict files their agents export."""
     local = LocalEvidence(lambda: {a.switch: a.detector for a in agents})
-    return IncidentTracker(agents[0].dep.fabric, VerdictFiles(agents[0].verdict_dir, local), reporter)
+    return IncidentTracker(agents[0].dep.fabric, VerdictFiles(agents[0].verdict_dir, local, key=agents[0].dep.verdict_key),
+                           reporter)
 
 
 class SignalEvent(threading.Event):
@@ -286,6 +315,24 @@ class SignalEvent(threading.Event):
     def clear(self) -> None:
         self.signalled = False
         super().clear()
+
+
+def _catch_up(a: SwitchAgent, tracker: IncidentTracker | None, publish: Callable[[list[dict]], None]) -> bool:
+    """Read and judge ``a``'s closed pulses (up to MAX_PULSES_PER_STEP, one per lock hold: scrapes get in
+    between); their alerts go to ``tracker``. True if any pulse was read."""
+    pulsed = False
+    for _ in range(MAX_PULSES_PER_STEP):
+        n = a.pulses
+        with a.lock:
+            events = a.step()
+        if tracker is not None:
+            for ev in events:
+                with tracker.lock:
+                    publish(tracker.feed(ev.to_dict(), now=time.time()))
+        if a.pulses == n:
+            break
+        pulsed = True
+    return pulsed
 
 
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
@@ -330,17 +377,18 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
                     a.accept()
         pulsed = False
         for a in agents:
-            for _ in range(MAX_PULSES_PER_STEP):      # catch up, a pulse per lock hold (scrapes get in between)
-                n = a.pulses
-                with a.lock:
-                    events = a.step()
-                if tracker is not None:
-                    for ev in events:
-                        with tracker.lock:
-                            publish(tracker.feed(ev.to_dict(), now=time.time()))
-                if a.pulses == n:
-                    break
-                pulsed = True
+            try:
+                pulsed |= _catch_up(a, tracker, publish)
+                a.errors_in_row = 0
+            except RuntimeError:
+                raise                    # the counters are gone (the testbed went down): the caller's to say
+            except Exception:
+                a.errors += 1
+                a.errors_in_row += 1
+                log.exception("%s: poll failed (%d in a row, %d in all); going on with the next pulse", a.switch,
+                              a.errors_in_row, a.errors)
+                if a.errors_in_row >= MAX_ERRORS_IN_ROW:
+                    raise
         if tracker is not None and pulsed and tracker.alerts:
             with tracker.lock:
                 publish(tracker.tick(time.time()))

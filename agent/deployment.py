@@ -31,10 +31,14 @@ class Deployment:
     # The latest changes of the spray tables (drains, restores, weights), oldest first, read again when their
     # source changed; None: the deployment's links in service change only by reload (a site file).
     spray_changes: Callable[[], list[SprayChange]] | None = None
+    # the fabric's verdict key (agent/verdictauth.py): verdict files are signed with it, and files without
+    # its MAC are refused; None: unsigned files are written and read
+    verdict_key: bytes | None = None
 
 
 def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
     """The deployment a running testbed describes (``tb``: netns_testbed.state.Testbed)."""
+    from agent.verdictauth import ensure_key
     from netns_testbed.state import Testbed
 
     def reload() -> Deployment:
@@ -43,7 +47,8 @@ def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:
     return Deployment(name=f"testbed {tb.prefix}", fabric=tb.fabric, spray=SprayMode.parse(tb.state.spray),
                       weights=dict(tb.state.weights), out_of_service=tuple(tb.out_of_service),
                       degraded=tuple(tb.fabric.parse_link_list(degraded)), state_dir=tb.dir / "detector",
-                      verdict_dir=tb.dir / "verdicts", reload=reload, spray_changes=ChangeWatch(tb))
+                      verdict_dir=tb.dir / "verdicts", reload=reload, spray_changes=ChangeWatch(tb),
+                      verdict_key=ensure_key(tb.dir / "verdict.key"))
 
 
 class ChangeWatch:

@@ -36,8 +36,10 @@ import numpy as np
 from agent.detector import DetectorConfig, SwitchDetector
 from agent.incidents import IncidentTracker, LocalEvidence
 from agent.pulse import PulseCounts
+from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
+from netns_testbed.untrusted import BadInput
 
 FEED_VERSION = 1
 
@@ -55,9 +57,9 @@ class FeedHeader:
 
 def parse_header(text: str) -> FeedHeader:
     try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"feed line 1: not JSON ({e.msg}): the first line describes the fabric "
+        d = untrusted.loads(text)
+    except BadInput as e:
+        raise SpecError(f"feed line 1: {e}: the first line describes the fabric "
                         '({"flowpulse_feed": 1, "fabric": {...}, "spray": "rrdst"})') from None
     if not isinstance(d, dict) or d.get("flowpulse_feed") != FEED_VERSION:
         raise SpecError(f'feed line 1: not a feed header: it needs "flowpulse_feed": {FEED_VERSION}, "fabric" '
@@ -79,7 +81,7 @@ def _counts(d: dict, key: str, shape: tuple[int, ...], where: str) -> np.ndarray
         raise SpecError(f"{where}: {key!r} missing or not a nested list of numbers") from None
     if a.shape != shape:
         raise SpecError(f"{where}: {key!r} has shape {list(a.shape)}, this switch needs {list(shape)}")
-    if not np.isfinite(a).all() or (a < 0).any() or (a != np.round(a)).any():
+    if not np.isfinite(a).all() or (a < 0).any() or (a > 2**62).any() or (a != np.round(a)).any():
         raise SpecError(f"{where}: {key!r} holds a count that is not a whole number >= 0")
     return a.astype(np.int64)
 
@@ -87,9 +89,9 @@ def _counts(d: dict, key: str, shape: tuple[int, ...], where: str) -> np.ndarray
 def parse_pulse(text: str, lineno: int, fabric: Fabric) -> PulseCounts:
     where = f"feed line {lineno}"
     try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{where}: not JSON ({e.msg})") from None
+        d = untrusted.loads(text)
+    except BadInput as e:
+        raise SpecError(f"{where}: {e}") from None
     if not isinstance(d, dict):
         raise SpecError(f"{where}: a pulse is a JSON object")
     sw = d.get("switch")

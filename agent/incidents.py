@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -43,9 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from agent import verdictauth
 from agent.detector import SwitchDetector
 from agent.detector.verdict import (Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from, path_evidence,
                                    settle)
+from netns_testbed import untrusted
+from netns_testbed.safefiles import read_bounded, write_atomic
+from netns_testbed.untrusted import REFUSED, BadInput
 from netns_testbed.topo import Fabric, Link, node_kind
 
 log = logging.getLogger("flowpulse.agent.incidents")
@@ -81,8 +84,9 @@ class VerdictFiles:
     after every pulse by the owner (:func:`write_verdicts`). Stale files (older than ``max_age_s``)
     are ignored: an owner that stopped has no verdict, and so is a file of another ``VERDICT_FORMAT``."""
 
-    def __init__(self, directory: Path, local: EvidenceSource | None = None, max_age_s: float = 30.0) -> None:
-        self.dir, self.local, self.max_age_s = directory, local, max_age_s
+    def __init__(self, directory: Path, local: EvidenceSource | None = None, max_age_s: float = 30.0,
+                 key: bytes | None = None) -> None:
+        self.dir, self.local, self.max_age_s, self.key = directory, local, max_age_s, key
         self._warned: set[str] = set()
 
     def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
@@ -101,38 +105,82 @@ class VerdictFiles:
 
     def _exported(self, owner: str, name: str, since: float | Sequence[Span], loss: float,
                   path: bool = False) -> LinkEvidence | None:
-        """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file."""
+        """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file: none if the file is
+        missing, stale, of another format, or bad (counted in ``flowpulse_bad_input_total{source="verdict"}``,
+        one log line; see :func:`read_verdict_file`)."""
+        f = self.dir / f"{owner}.json"
         try:
-            d = json.loads((self.dir / f"{owner}.json").read_text())
-        except (OSError, ValueError):
+            d = read_verdict_file(f, owner, self.key)
+        except FileNotFoundError:
             return None
-        if time.time() - float(d.get("written", 0)) > self.max_age_s or name not in d.get("cells", {}):
-            return None
-        if d.get("format") != VERDICT_FORMAT:
+        except OtherFormat as e:
             if owner not in self._warned:
                 self._warned.add(owner)
                 log.warning("%s's verdict file has format %s, this agent reads %d: no verdicts from %s until its "
-                            "agent runs this version", owner, d.get("format", 1), VERDICT_FORMAT, owner)
+                            "agent runs this version", owner, e.args[0], VERDICT_FORMAT, owner)
             return None
-        ledger = Ledger(int(d["ncells"]), reference=Reference(d.get("reference", str(Reference.BALANCE))))
-        ledger.load(d["ledger"])
+        except (OSError, BadInput) as e:
+            REFUSED.refuse("verdict", str(f), str(e))
+            return None
+        age = time.time() - d["written"]
+        if age > self.max_age_s or name not in d["cells"]:
+            return None
+        ledger = Ledger(d["ncells"], reference=Reference(d["reference"]))
+        try:
+            ledger.load(d["ledger"])
+        except (ValueError, OverflowError) as e:
+            REFUSED.refuse("verdict", str(f), f"ledger: {e}")
+            return None
+        REFUSED.accepted(str(f))
         if path:
-            return path_evidence(ledger, int(d["cells"][name]), since, name, owner)
-        return evidence_from(ledger, int(d["cells"][name]), since, name, owner, name in d.get("open_links", []), loss)
+            return path_evidence(ledger, d["cells"][name], since, name, owner)
+        return evidence_from(ledger, d["cells"][name], since, name, owner, name in d.get("open_links", []), loss)
 
 
-def write_verdicts(directory: Path, det: SwitchDetector) -> None:
-    """Export a detector's verdict evidence for agents in other processes (nothing if it gives none)."""
+class OtherFormat(Exception):
+    """A verdict file of another ``VERDICT_FORMAT`` (an agent of another version): args[0] is its format."""
+
+
+VERDICT_SCHEMA = Path(__file__).with_name("verdict.schema.json")
+CLOCK_SKEW_S = 5.0   # how far in the future a verdict file's ``written`` may be (clocks of two processes)
+
+
+def read_verdict_file(path: Path, owner: str, key: bytes | None = None) -> dict:
+    """A verdict file checked whole before any of it is used: a regular file (no symlink, bounded size),
+    strict JSON, :data:`VERDICT_SCHEMA`, signed with ``key`` if there is one (agent/verdictauth.py), written
+    by ``owner`` (its ``switch``), not from the future, every cell inside the ledger and every ledger row
+    ``ncells`` wide. Raises :class:`FileNotFoundError`, :class:`OtherFormat`, or :class:`OSError`/
+    :class:`BadInput` for a file that is not to be trusted."""
+    d = untrusted.loads(read_bounded(path))
+    fmt = d.get("format", 1 if "ledger" in d else None) if isinstance(d, dict) else None   # format 1 had none
+    if type(fmt) is int and fmt != VERDICT_FORMAT:
+        raise OtherFormat(fmt)
+    untrusted.check(VERDICT_SCHEMA, d)
+    if key is not None:
+        verdictauth.check(key, d)
+    if d["switch"] != owner:
+        raise BadInput(f"switch: {d['switch']!r} in {owner}'s file")
+    if d["written"] > time.time() + CLOCK_SKEW_S:
+        raise BadInput(f"written: {d['written']} is in the future")
+    n = d["ncells"]
+    bad = next((c for c, i in d["cells"].items() if i >= n), None)
+    if bad is not None:
+        raise BadInput(f"cells.{bad}: cell {d['cells'][bad]} outside the ledger's {n}")
+    row = next((i for i, r in enumerate(d["ledger"]) if not all(len(col) == n for col in r[1:])), None)
+    if row is not None:
+        raise BadInput(f"ledger[{row}]: not {n} cells wide")
+    return d
+
+
+def write_verdicts(directory: Path, det: SwitchDetector, key: bytes | None = None) -> None:
+    """Export a detector's verdict evidence for agents in other processes (nothing if it gives none), signed
+    with the fabric's verdict ``key`` if there is one."""
     if det.ledger is None:
         return
     d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells,
          "reference": str(det.ledger.reference), "cells": det.owned_cells(), "ledger": det.ledger.state(),
          "open_links": sorted(det.open_loss_links())}
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = directory / f"{det.switch}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(d))
-    os.replace(tmp, path)
+    write_atomic(directory / f"{det.switch}.json", json.dumps(verdictauth.sign(key, d) if key is not None else d))
 
 
 @dataclass

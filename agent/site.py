@@ -16,6 +16,7 @@ leaves spray, what is out of service and where state and verdicts go::
     sources: {leaf0: [10.1.0.0/16], leaf1: [10.2.0.0/16], leaf2: [10.3.0.0/16], leaf3: [10.4.0.0/16]}
     out_of_service: []
     state_dir: /var/lib/flowpulse
+    verdict_key: /etc/flowpulse/verdict.key   # the same key file on every agent of the fabric
 
 Nodes keep the model's names (``leafL``, ``spineK``, ``hN``: alerts and incidents
 name links with them); interfaces keep the machine's. ``flowpulse fabric
@@ -35,6 +36,8 @@ from pathlib import Path
 import yaml
 
 from agent.deployment import Deployment
+from agent.verdictauth import load_key
+from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode, node_kind, node_num
 
@@ -74,6 +77,7 @@ class Site:
     degraded: tuple[Link, ...]
     state_dir: Path
     verdict_dir: Path | None           # None: <state_dir>/verdicts
+    verdict_key: Path | None = None    # the fabric's verdict key file (agent/verdictauth.py); None: unsigned
     pinned: tuple[str, ...] = ()       # fields set on the command line: kept when the file is read again
 
     @property
@@ -88,7 +92,8 @@ class Site:
         return Deployment(name=f"site {self.path}", fabric=self.fabric, spray=self.spray, weights=dict(self.weights),
                           out_of_service=self.out_of_service, degraded=self.degraded, state_dir=self.state_dir,
                           verdict_dir=self.verdicts, reload=self.reload,
-                          per_source=self.counters is CounterSource.EBPF)
+                          per_source=self.counters is CounterSource.EBPF,
+                          verdict_key=load_key(self.verdict_key) if self.verdict_key else None)
 
     def reload(self) -> Deployment:
         """SIGHUP: the file read again. What the detector takes (spray, weights, out of service, degraded)
@@ -138,13 +143,12 @@ def read_yaml(path: Path) -> dict:
 
 
 def check_schema(path: Path, data: dict) -> None:
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(schema())
-    err = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if err is not None:
-        where = ".".join(str(p) for p in err.absolute_path) or "top level"
-        raise _fail(path, where, err.message)
+    """The site file against :data:`SCHEMA_PATH` (and no NaN or infinity anywhere): one line naming the first
+    problem."""
+    bad = untrusted.problem(SCHEMA_PATH, data)
+    if bad is not None:
+        where, _, what = bad.partition(": ")
+        raise _fail(path, where, what)
 
 
 def load_site(path: Path | str) -> Site:
@@ -224,10 +228,11 @@ def site_from_dict(path: Path, data: dict) -> Site:
                                       "(use counters: ebpf)")
     state_dir = _dir(path, data.get("state_dir", str(DEFAULT_STATE_DIR)))
     verdict_dir = _dir(path, data["verdict_dir"]) if "verdict_dir" in data else None
+    verdict_key = _dir(path, data["verdict_key"]) if "verdict_key" in data else None
     return Site(path=path, switch=switch, fabric=fabric, ifnames=ifnames, sources=sources,
                 counters=counters, gap_ms=float(data.get("pulse_gap_ms", 50)),
                 spray=SprayMode.parse(data.get("spray", "rrdst")), weights=weights, out_of_service=oos,
-                degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir)
+                degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir, verdict_key=verdict_key)
 
 
 def _links(path: Path, fabric: Fabric, where: str, text: str) -> list[Link]:

@@ -32,6 +32,7 @@ from analysis.scoring import detection_summary
 from analysis.spec import ExperimentSpec, ScheduledFault
 from netns_testbed import builder, faults as fault_ops
 from netns_testbed.faults import Backend
+from netns_testbed.safefiles import secure_dir
 from netns_testbed.state import Testbed
 from workload.launcher import run_job
 
@@ -99,13 +100,14 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     if spec.fault_backend is Backend.NETEM:
         fault_ops.require_netem()
     say = progress or log.info
-    out.mkdir(parents=True, exist_ok=True)
+    secure_dir(out)
+    sink = JsonLinesSink(out / "alerts.jsonl")          # before anything is built: a refused file builds nothing
+    inc_sink = JsonLinesSink(out / "incidents.jsonl")
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     tb = builder.up(spec.prefix, spec.fabric, spec.up_options(), progress=say)
     stop = threading.Event()
     agents: list[SwitchAgent] = []
-    sink = JsonLinesSink(out / "alerts.jsonl")
-    inc_sink = JsonLinesSink(out / "incidents.jsonl")
+    failed: list[BaseException] = []
     sched = None
     t_start = time.time()
     try:
@@ -113,8 +115,14 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         agents = [SwitchAgent.on_testbed(tb, sw, aopts, sinks=[sink]) for sw in tb.fabric.switches]
         tracker = make_tracker(agents)
         mitigator = Mitigator(tb.fabric, TestbedActuator(tb.prefix), spec.mitigation) if spec.mitigation else None
-        th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
-                              kwargs={"tracker": tracker, "incident_sinks": [inc_sink], "mitigator": mitigator})
+        def watch() -> None:
+            try:
+                run_agents(agents, stop, 0.01, tracker=tracker, incident_sinks=[inc_sink], mitigator=mitigator)
+            except BaseException as e:         # told at the end of the run, in the report and the log
+                log.exception("the agents' poll loop stopped")
+                failed.append(e)
+
+        th = threading.Thread(target=watch, daemon=True, name="flowpulse-agents")
         th.start()
         say(f"agents watching {len(agents)} switches")
         base_before = baselines.snapshot(tb)
@@ -133,6 +141,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         fault_ops.clear(tb)
         drained_at_end = sorted(Testbed.load(tb.prefix).state.drained)
         agent_cpu = {a.switch: a.busy_s for a in agents}
+        agent_errors = {a.switch: a.errors for a in agents if a.errors}
     finally:
         stop.set()
         if sched:
@@ -175,6 +184,8 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         "mitigation": {"policy": spec.to_dict()["mitigation"], "actions": actions, "drained_at_end": drained_at_end},
         "cost": [fault_cost(f, iterations, alerts, inc_events, actions) for f in applied],
         "agent_busy_s": agent_cpu,
+        "agent_errors": agent_errors,               # polls that raised, per switch (logged with their traceback)
+        "agents_failed": repr(failed[0]) if failed else None,   # the poll loop stopped before the run's end
         "scheduler_errors": sched.errors if sched else [],
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))

@@ -14,9 +14,13 @@ from agent.detector import DetectorConfig
 from agent.feed import FeedHeader, Judge, feed_lines
 from agent.incidents import summarize
 from agent.pulse import PulseCounts
+from analysis.rundir import load_report
 from analysis.scoring import detection_summary
 from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
+
+
+REPLAYED = ("spec", "faults", "iterations")   # what a replay reads of a run's report
 
 
 def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: DetectorConfig,
@@ -37,7 +41,7 @@ def judged_run(path: Path, cfg: DetectorConfig | None = None) -> tuple[Judge, di
     run's report."""
     from analysis.rundir import load_pulses
 
-    report = json.loads((Path(path) / "report.json").read_text())
+    report = load_report(Path(path), REPLAYED)
     spec = report["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     judge = Judge(fabric, cfg or DetectorConfig(), SprayMode.parse(spec["spray"]),
@@ -65,7 +69,7 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
     from analysis.experiment import report_alerts
     from analysis.rundir import load_pulses
 
-    report = json.loads((path / "report.json").read_text())
+    report = load_report(path, REPLAYED)
     spec = report["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     pulses = load_pulses(path / "pulses")
@@ -86,7 +90,7 @@ def run_as_feed(path: Path) -> Iterator[str]:
     path = Path(path)
     if not (path / "report.json").exists():
         raise SpecError(f"{path}: not a run directory (no report.json); --as-feed takes an experiment's run")
-    spec = json.loads((path / "report.json").read_text())["spec"]
+    spec = load_report(path, REPLAYED)["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     oos = tuple(fabric.parse_link_list(spec.get("out_of_service")))
     header = FeedHeader(fabric, SprayMode.parse(spec["spray"]), oos)

@@ -13,10 +13,36 @@ import shutil
 from pathlib import Path
 
 from agent.pulse import PulseCounts
+from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
+from netns_testbed.safefiles import read_bounded
+from netns_testbed.untrusted import BadInput
 
 RUN_FILES = ("spec.json", "alerts.jsonl", "incidents.jsonl", "pulses", "workload", "baselines.json", "report.json")
 RUN_GLOBS = ("*.png",)
+REPORT_SCHEMA = Path(__file__).with_name("report.schema.json")
+
+
+def load_report(run: Path, parts: tuple[str, ...] | None = None) -> dict:
+    """A run directory's report.json, checked against :data:`REPORT_SCHEMA` before any of it is used: a
+    missing, unreadable or malformed report is one SpecError line naming the problem. ``parts``: only these
+    top-level parts are needed and checked (replay reads ``spec``, ``faults`` and ``iterations``: the
+    recorded runs in tests/data ship no more)."""
+    path = Path(run) / "report.json"
+    if not path.exists():
+        raise SpecError(f"{run} is not a run directory (no report.json): run `flowpulse experiment --out DIR` first")
+    try:
+        report = untrusted.loads(read_bounded(path, limit=256 << 20))
+        untrusted.check(REPORT_SCHEMA, report) if parts is None else untrusted.check_parts(REPORT_SCHEMA, report, parts)
+    except (OSError, BadInput) as e:
+        raise SpecError(f"{path}: not a report this version reads ({getattr(e, 'strerror', None) or e}): "
+                        f"run the experiment again") from None
+    return report
+
+
+def validate_report(report: dict) -> None:
+    """Check report.json against its published schema (:data:`REPORT_SCHEMA`); BadInput if it does not hold."""
+    untrusted.check(REPORT_SCHEMA, report)
 
 
 def check_out(out: Path, force: bool) -> None:

@@ -12,6 +12,7 @@ A YAML spec mirrors the flags::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import yaml
 
 from agent.detector import DetectorConfig
 from agent.mitigation import MitigationPolicy
+from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
 from netns_testbed.faults import BACKENDS, Backend, FaultSpec, check_backend, parse_fault
 from netns_testbed.builder import UpOptions
@@ -55,7 +57,7 @@ def parse_scheduled(fabric: Fabric, text: str) -> ScheduledFault:
             return ScheduledFault(fault, at_iter=k, text=text)
         if key == "t":
             t = float(value)
-            if t < 0:
+            if not 0 <= t < math.inf:
                 raise ValueError
             return ScheduledFault(fault, at_t=t, text=text)
     except ValueError:
@@ -115,15 +117,23 @@ class ExperimentSpec:
                 "mitigation": None if self.mitigation is None else asdict(self.mitigation)}
 
 
+SCHEMA = Path(__file__).with_name("spec.schema.json")
+
+
 def load_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise SpecError(f"spec file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"spec file {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
         raise SpecError(f"spec file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise SpecError(f"spec file {path} must hold a mapping (fabric:, workload:, faults:, ...)")
+    bad = untrusted.problem(SCHEMA, data)
+    if bad is not None:
+        raise SpecError(f"spec file {path}: {bad}")
     return data
 
 
@@ -154,6 +164,13 @@ def typed(value, kind: type, name: str):
 
 
 def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
+    """A spec from its parsed form: :data:`SCHEMA` first (one line naming the first problem), then what a
+    schema cannot say."""
+    if not isinstance(data, dict):
+        raise SpecError("a spec is a mapping (fabric:, workload:, faults:, ...)")
+    bad = untrusted.problem(SCHEMA, data)
+    if bad is not None:
+        raise SpecError(f"bad spec: {bad}")
     known = {"fabric", "spray", "gap_ms", "workload", "out_of_service", "faults", "detector", "seed", "prefix",
              "fault_backend", "mitigation"}
     unknown = set(data) - known

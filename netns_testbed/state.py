@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from netns_testbed.errors import StateError
+from netns_testbed.safefiles import write_atomic
 from netns_testbed.topo import Fabric, Link, SprayChange, check_prefix, namespace
 
 RUN_DIR = Path(os.environ.get("FLOWPULSE_RUN_DIR", "/run/flowpulse"))
@@ -128,11 +129,7 @@ def change_from_dict(fabric: Fabric, d: dict) -> SprayChange:
 
 
 def write_state(state: TestbedState) -> None:
-    d = state_dir(state.prefix)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "state.json.tmp"
-    tmp.write_text(state.to_json())
-    os.replace(tmp, d / "state.json")
+    write_atomic(state_dir(state.prefix) / "state.json", state.to_json(), mode=0o644)
 
 
 LOCK_WAIT_S = 120.0

@@ -10,7 +10,7 @@ import pytest
 from agent.daemon import AgentOptions, SwitchAgent, run_agents
 from agent.detector import DetectorConfig
 from analysis.experiment import run_experiment
-from analysis.report import validate_report
+from analysis.rundir import validate_report
 from analysis.spec import ExperimentSpec, parse_scheduled
 from netns_testbed.builder import list_testbeds
 from netns_testbed.ping import all_pairs

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from scipy.special import ndtri
@@ -52,6 +53,11 @@ HOSTS_WAIT_FOR_FABRIC_LOSS = True
 # Packets sprayed just before a spray change can be counted after it (queued in a veth's backlog, on
 # another CPU, in a host's socket): a pulse this close to the change's window is not judged either.
 RESHARE_SETTLE_NS = 5_000_000
+STATE_SCHEMA = Path(__file__).with_name("state.schema.json")   # the saved state's top level (SwitchDetector.state)
+
+
+class ForeignState(ValueError):
+    """A saved detector state of another switch, fabric state or configuration: not bad, not this one's."""
 
 
 class SwitchDetector:
@@ -398,7 +404,7 @@ class SwitchDetector:
     def load_state(self, d: dict) -> None:
         """Continue from a saved state; ValueError if it belongs to another switch, fabric or setting."""
         if d.get("identity") != self.identity():
-            raise ValueError("saved detector state is for another switch, fabric state or configuration")
+            raise ForeignState("saved detector state is for another switch, fabric state or configuration")
         now, now_w = list(self.oos), dict(self.weights)
         try:
             then = self.fabric.parse_link_list(d["out_of_service"])
