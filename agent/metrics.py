@@ -7,18 +7,36 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 from socketserver import ThreadingMixIn
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from agent.daemon import SwitchAgent
 from agent.incidents import IncidentTracker
 from agent.mitigation import CANARY_WEIGHT, Mitigator
+from netns_testbed.untrusted import REFUSED
+
+if TYPE_CHECKING:
+    from agent.webconfig import WebConfig
+
+BAD_INPUT_SOURCES = ("verdict", "state")   # every source a running agent refuses content from (REFUSED)
+
+
+def version() -> str:
+    """The installed package's version (flowpulse/__init__.py through the package metadata: the agent does not
+    import the CLI package)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("flowpulse")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class AgentCollector:
@@ -52,11 +70,31 @@ class AgentCollector:
                                    "read them (the agent fell a whole ring behind)", labels=["switch"])
         busy = CounterMetricFamily("flowpulse_agent_busy_seconds", "CPU-side time spent polling and judging",
                                    labels=["switch"])
+        errors = CounterMetricFamily("flowpulse_agent_errors", "Polls that raised (logged with their traceback; the "
+                                     "agent goes on, and exits after many in a row)", labels=["switch"])
+        pulse_age = GaugeMetricFamily("flowpulse_last_pulse_age_seconds", "Seconds since the switch's latest pulse was "
+                                      "read (since the agent started, before its first)", labels=["switch"])
+        poll_age = GaugeMetricFamily("flowpulse_last_poll_age_seconds", "Seconds since the poll loop last looked at "
+                                     "the switch's counters (it looks every few ms: large means stuck)",
+                                     labels=["switch"])
+        now = time.monotonic()
         for a in self.agents:
             with a.lock:      # one pulse's state: the poll loop steps the detector under it
                 self._agent(a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate)
                 lost.add_metric([a.switch], a.reader.lost)
-        yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, lost, busy)
+                errors.add_metric([a.switch], a.errors)
+                pulse_age.add_metric([a.switch], now - (a.last_pulse_at or a.started_at))
+                poll_age.add_metric([a.switch], now - a.last_poll)
+        yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, lost, busy, errors,
+                    pulse_age, poll_age)
+        bad = CounterMetricFamily("flowpulse_bad_input", "Files and records refused as bad content (verdict files of "
+                                  "other agents, saved state), one log line each time one turns bad",
+                                  labels=["source"])
+        refused = REFUSED.snapshot()
+        for source in BAD_INPUT_SOURCES:
+            bad.add_metric([source], refused.get(source, 0))
+        yield bad
+        yield InfoMetricFamily("flowpulse_build", "The agent's version", value={"version": version()})
         if self.tracker is not None:
             with self.tracker.lock:
                 fams = self._incidents()
@@ -136,8 +174,45 @@ def health(agents: list[SwitchAgent], now: float | None = None) -> tuple[bool, d
     return ok, {"status": "ok" if ok else "stalled", "switches": sw}
 
 
+MAX_CONNECTIONS = 16      # requests served at once; more are closed at once (a scraper needs one)
+CONNECTION_TIMEOUT_S = 10.0   # a connection silent this long (a slow or stuck client) is closed
+
+
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """A thread per request, at most MAX_CONNECTIONS at once; with TLS, the handshake happens in the
+    request's thread under its timeout, never in the accepting one."""
+
     daemon_threads = True
+    ssl_context: "ssl.SSLContext | None" = None
+
+    def server_bind(self) -> None:
+        super().server_bind()
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        sock.settimeout(CONNECTION_TIMEOUT_S)
+        if self.ssl_context is not None:
+            sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)          # full: this one is dropped, the ones served go on
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            if self.ssl_context is not None:
+                try:
+                    request.do_handshake()
+                except (OSError, ssl.SSLError):
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -146,16 +221,23 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
-          tracker: IncidentTracker | None = None, mitigator: "Mitigator | None" = None) -> CollectorRegistry:
+          tracker: IncidentTracker | None = None, mitigator: "Mitigator | None" = None,
+          web: "WebConfig | None" = None) -> CollectorRegistry:
     """Start the HTTP endpoint (loopback by default: agents' data is not for the world):
-    ``/metrics`` (Prometheus) and ``/healthz`` (200 with JSON while every poll loop runs, else 503)."""
-    from prometheus_client import make_wsgi_app
+    ``/metrics`` (Prometheus) and ``/healthz`` (200 with JSON while every poll loop runs, else 503);
+    with ``web`` (agent.webconfig), over TLS and/or behind basic authentication."""
+    from prometheus_client import ProcessCollector, make_wsgi_app
 
     reg = CollectorRegistry()
     reg.register(AgentCollector(agents, tracker, mitigator))
+    ProcessCollector(registry=reg)            # process_cpu_seconds_total, process_resident_memory_bytes, ...
     metrics_app = make_wsgi_app(reg)
 
     def app(environ, start_response):
+        if web is not None and not web.authorized(environ.get("HTTP_AUTHORIZATION")):
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="flowpulse"'),
+                                                ("Content-Type", "text/plain")])
+            return [b"Unauthorized\n"]
         if environ.get("PATH_INFO") == "/healthz":
             ok, body = health(agents)
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])
@@ -163,7 +245,8 @@ def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
         return metrics_app(environ, start_response)
 
     family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
-    server_class = type("FlowPulseHTTP", (_ThreadingWSGIServer,), {"address_family": family})
+    server_class = type("FlowPulseHTTP", (_ThreadingWSGIServer,), {
+        "address_family": family, "ssl_context": web.ssl_context() if web is not None and web.tls else None})
     server = make_server(addr, port, app, server_class, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, daemon=True, name="flowpulse-http").start()
     return reg

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from agent.privileges import SITE_AGENT_EBPF, SITE_AGENT_NETLINK, TESTBED_AGENT
+from flowpulse.argtypes import PER_SECOND, SECONDS, number
 from flowpulse.cli import Formatter, add_common
 
 log = logging.getLogger("flowpulse.agent")
@@ -18,11 +19,11 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("analytic", "learned"), default="analytic",
                    help="expected spray shares from the fabric model (analytic, judges from the first pulse) "
                         "or measured in the first pulses and checked against it (learned)")
-    p.add_argument("--fa-per-day", type=float, default=1.0,
+    p.add_argument("--fa-per-day", type=PER_SECOND, default=1.0,
                    help="false-alert budget: false alerts per day for the whole fabric")
-    p.add_argument("--pulse-hz", type=float, default=1.0,
+    p.add_argument("--pulse-hz", type=PER_SECOND, default=1.0,
                    help="pulses (training iterations) per second per switch, for the budget")
-    p.add_argument("--min-rate", type=float, default=0.001, help="do not raise alarms whose estimated rate is below this")
+    p.add_argument("--min-rate", type=number(0, 1, above=True, below=True), default=0.001, help="do not raise alarms whose estimated rate is below this")
     p.add_argument("--degraded", action="append", default=[], metavar="LINK",
                    help="a link known to be lossy: excluded from the tests (repeatable)")
 
@@ -43,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse agent --all --incidents incidents.jsonl --json\n"
                "  sudo flowpulse agent --all --mitigate --incidents incidents.jsonl --metrics-port 9580\n"
                "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --alerts /var/log/flowpulse/alerts.jsonl\n"
+               "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --metrics-port 9580 --metrics-addr 0.0.0.0 \\\n"
+               "      --web-config /etc/flowpulse/web.yml     # TLS and basic auth, as node_exporter's\n"
                "With --site the agent runs on any Linux machine that forwards the fabric's traffic: it\n"
                "attaches a counting-only program to the site's interfaces (no spraying, no faults), reads\n"
                "nothing of a testbed, and detaches on exit (SIGTERM: exit 143, SIGINT: 130). See agent/site.py.\n"
@@ -65,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--record", type=Path, help="directory to record every pulse (pulses-<switch>.jsonl) for replay")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address for the metrics endpoint")
+    p.add_argument("--web-config", type=Path, metavar="FILE",
+                   help="TLS and basic auth of the metrics endpoint (the Prometheus exporters' web config format: "
+                        "tls_server_config, basic_auth_users; see agent/webconfig.py)")
     p.add_argument("--mitigate", action="store_true",
                    help="with --all on a testbed: drain the link an incident names, hold a suspect uplink at a "
                         "canary share while its incident is localizing (agent/mitigation.py)")
@@ -73,8 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-spines", type=int, default=1,
                    help="with --mitigate: spines every leaf keeps towards every other leaf, whatever is drained")
     p.add_argument("--live", action="store_true", help="full-screen live view in the terminal")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--poll-ms", type=float, default=10.0, help="how often to look at the pulse state")
+    p.add_argument("--duration", type=SECONDS, default=None, help="stop after this many seconds")
+    p.add_argument("--poll-ms", type=number(1, 1000), default=10.0, help="how often to look at the pulse state")
     add_common(p)
     p.set_defaults(func=cmd_agent)
 
@@ -125,6 +131,13 @@ def check_agent_args(args: argparse.Namespace) -> None:
         raise SpecError(f"bad --duration {args.duration}: a number of seconds > 0 (omit it to run until stopped)")
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
         raise SpecError(f"bad --metrics-port {args.metrics_port}: a TCP port in 1-65535")
+    args.web = None
+    if args.web_config is not None:
+        if args.metrics_port is None:
+            raise SpecError("--web-config goes with --metrics-port (it secures the metrics endpoint)")
+        from agent.webconfig import load_web_config
+
+        args.web = load_web_config(args.web_config)
     dup = sorted({s for s in args.switch if args.switch.count(s) > 1})
     if dup:
         raise SpecError(f"--switch {dup[0]} given twice: name each switch once")
@@ -172,6 +185,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
         ifindexes = local_ifindexes(site)   # every interface exists here, before anything is built or written
     require_root()
+    if site is not None:
+        from netns_testbed.safefiles import writable_dir
+
+        writable_dir(site.state_dir, "state_dir")      # before anything is attached (exit 3)
+        writable_dir(site.verdicts, "verdict_dir")
+        if site.verdict_key is not None:
+            from agent.verdictauth import load_key
+
+            load_key(site.verdict_key)                      # exit 3 if it is missing or others can read it
+        else:
+            log.warning("site %s names no verdict_key: verdict files are neither signed nor checked (anyone who "
+                        "can write to %s can sway a verdict)", args.site, site.verdicts)
     if args.metrics_port is not None:
         check_port_free(args.metrics_addr, args.metrics_port)
     sink = JsonLinesSink(args.alerts, stdout=args.json)
@@ -265,8 +290,10 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         if args.metrics_port is not None:
             from agent.metrics import serve
 
-            serve(agents, args.metrics_port, args.metrics_addr, tracker, mitigator)
-            log.info("metrics on http://%s:%d/metrics, health on /healthz", args.metrics_addr, args.metrics_port)
+            web = getattr(args, "web", None)
+            serve(agents, args.metrics_port, args.metrics_addr, tracker, mitigator, web)
+            log.info("metrics on %s://%s:%d/metrics, health on /healthz%s", "https" if web and web.tls else "http",
+                     args.metrics_addr, args.metrics_port, " (basic auth)" if web and web.users else "")
         if args.duration:
             timer = threading.Timer(args.duration, stop.set)
             timer.daemon = True

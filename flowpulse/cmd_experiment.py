@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from flowpulse.argtypes import MILLISECONDS, PER_SECOND, RATE
 from flowpulse.cli import Formatter, add_common, emit
 from flowpulse.cmd_agent import add_detector_args
 from flowpulse.cmd_workload import parse_size
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--out", type=Path, default=None, help="run directory (default runs/demo-<time>)")
     d.add_argument("--force", action="store_true", help="replace the run files of a previous run in --out")
     d.add_argument("--seed", type=int, default=None, help="choose the faulty link with this seed")
-    d.add_argument("--rate", type=float, default=0.01, help="drop rate of the injected fault")
+    d.add_argument("--rate", type=RATE, default=0.01, help="drop rate of the injected fault")
     d.add_argument("--iterations", type=int, default=40)
     d.add_argument("--fault-at", type=int, default=15, help="iteration before which the fault goes on")
     d.add_argument("--no-mitigate", action="store_true", help="leave the named link in service (no drain)")
@@ -71,7 +72,7 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=("allreduce", "allgather", "reduce_scatter", "ddp"))
     p.add_argument("--size", type=parse_size)
     p.add_argument("--iterations", type=int)
-    p.add_argument("--idle-ms", type=float)
+    p.add_argument("--idle-ms", type=MILLISECONDS)
     p.add_argument("--ranks", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--out-of-service", action="append", default=None, metavar="LINK")
@@ -82,8 +83,8 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
                    help="the agents drain the link an incident names (a canary share on the suspect uplink while "
                         "it is localizing: agent/mitigation.py); default: they only report")
     p.add_argument("--model", choices=("analytic", "learned"))
-    p.add_argument("--fa-per-day", type=float, help="false-alert budget of the fabric per day (default 1)")
-    p.add_argument("--pulse-hz", type=float, help="pulses per second per switch, for the budget (default 1)")
+    p.add_argument("--fa-per-day", type=PER_SECOND, help="false-alert budget of the fabric per day (default 1)")
+    p.add_argument("--pulse-hz", type=PER_SECOND, help="pulses per second per switch, for the budget (default 1)")
     p.add_argument("--out", type=Path, required=True, help="run directory (new or empty)")
     p.add_argument("--force", action="store_true", help="replace the run files of a previous run in --out")
     p.add_argument("--no-plots", action="store_true")
@@ -150,7 +151,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     check_out(args.out, args.force)
     rep = _run(spec, args.out, args)
     emit(args, rep, lambda r: text_summary(r) + f"\nrun directory: {args.out}")
-    return 0 if rep["workload"].get("ok") else 1
+    return 0 if rep["workload"].get("ok") and not rep.get("agents_failed") else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from flowpulse.argtypes import SECONDS, number
 from flowpulse.cli import Formatter, add_common, emit, table
 from flowpulse.errors import SpecError
 from netns_testbed.hooks import Hook
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=Formatter,
         epilog="examples:\n  flowpulse fabric export-site --switch spine2 > spine2.yaml\n"
                "  flowpulse fabric export-site --all --dir sites/\n"
-               "  sudo ip netns exec fp-spine2 flowpulse agent --site sites/spine2.yaml --state-dir /tmp/fp\n"
+               "  sudo ip netns exec fp-spine2 flowpulse agent --site sites/spine2.yaml --state-dir /var/lib/flowpulse/spine2\n"
                "A site file describes one switch as an agent on any machine needs it (agent/site.py):\n"
                "the testbed is then one site among others.")
     who = ex.add_mutually_exclusive_group(required=True)
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pg = fsub.add_parser("ping", help="all-pairs ICMP reachability between hosts", formatter_class=Formatter)
     add_common(pg)
     pg.add_argument("--count", type=int, default=1, help="echo requests per pair")
-    pg.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each reply")
+    pg.add_argument("--timeout", type=SECONDS, default=1.0, help="seconds to wait for each reply")
     pg.set_defaults(func=cmd_ping)
 
 
@@ -90,7 +91,7 @@ def add_fabric_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts-per-leaf", type=int, default=2, help="hosts under each leaf")
     p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (jumbo up to 9000)")
     p.add_argument("--spray", choices=SPRAY_MODES, default="rrdst", help="per-packet spray mode at the leaves")
-    p.add_argument("--gap-ms", type=float, default=50.0, help="idle gap (ms) that ends a traffic pulse")
+    p.add_argument("--gap-ms", type=number(0, 10000, above=True), default=50.0, help="idle gap (ms) that ends a traffic pulse")
     p.add_argument("--weight", action="append", default=[], metavar="LINK=W",
                    help="spray weight of a leaf->spine uplink (repeatable; default 1)")
     p.add_argument("--out-of-service", action="append", default=[], metavar="LINK",
@@ -175,7 +176,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
     from netns_testbed import drain
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
+    from netns_testbed.topo import largest_fabric
 
+    largest_fabric().parse_link_list(args.links)      # a malformed link is told before the testbed is looked for
     tb = Testbed.load(args.prefix)
     links = tb.fabric.parse_link_list(args.links)
     tb.fabric.check_drain(tb.out_of_service, links, args.min_spines)   # refused before anything is touched
@@ -187,9 +190,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from netns_testbed import drain
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
+    from netns_testbed.topo import largest_fabric
 
     if bool(args.links) == args.all:
         raise SpecError("name the links to restore, or give --all (not both)")
+    if args.links:
+        largest_fabric().parse_link_list(args.links)
     tb = Testbed.load(args.prefix)
     links = None if args.all else tb.fabric.parse_link_list(args.links)
     require_root()

@@ -40,7 +40,9 @@ def cmd_add(args: argparse.Namespace) -> int:
     from netns_testbed import faults
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
+    from netns_testbed.topo import largest_fabric
 
+    faults.parse_fault(largest_fabric(), args.fault)     # a malformed spec is told before the testbed is looked for
     require_root()
     tb = Testbed.load(args.prefix)
     spec = faults.parse_fault(tb.fabric, args.fault)
@@ -57,10 +59,13 @@ def cmd_clear(args: argparse.Namespace) -> int:
     from netns_testbed import faults
     from netns_testbed.nsutil import require_root
     from netns_testbed.state import Testbed
+    from netns_testbed.topo import largest_fabric
 
     require_root()
     if not args.link and not args.all:
         raise SpecError("fault clear needs a LINK (e.g. leaf1->spine2) or --all")
+    if args.link:
+        largest_fabric().parse_link(args.link)
     tb = Testbed.load(args.prefix)
     cleared = faults.clear(tb, None if args.all else args.link)
     emit(args, {"cleared": cleared}, lambda d: f"cleared {', '.join(cleared)}" if cleared else "no fault to clear")

@@ -6,6 +6,7 @@ import sys
 import threading
 from pathlib import Path
 
+from flowpulse.argtypes import SECONDS
 from flowpulse.cli import Formatter, add_common
 
 
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--site", type=Path, required=True, metavar="FILE", help="this leaf's site file (YAML)")
     p.add_argument("--listen", default="127.0.0.1", help="address to receive notifications on")
     p.add_argument("--port", type=int, default=9096, help="TCP port to receive notifications on")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--duration", type=SECONDS, default=None, help="stop after this many seconds")
     add_common(p, prefix=False, json_out=False)
     p.set_defaults(func=cmd_nexthop_hook)
 

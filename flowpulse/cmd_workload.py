@@ -6,6 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from flowpulse.argtypes import MILLISECONDS, SECONDS
 from flowpulse.cli import Formatter, add_common, emit
 from workload.rank import WORKLOADS
 
@@ -25,12 +26,12 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=WORKLOADS, default="allreduce", help="collective, or ddp (a real training job)")
     p.add_argument("--size", type=parse_size, default=4 << 20, help="bytes per collective / gradient (e.g. 4MiB)")
     p.add_argument("--iterations", type=int, default=20, help="iterations (one traffic pulse each)")
-    p.add_argument("--idle-ms", type=float, default=300.0, help="idle/compute phase between iterations")
+    p.add_argument("--idle-ms", type=MILLISECONDS, default=300.0, help="idle/compute phase between iterations")
     p.add_argument("--ranks", type=int, default=None, help="ranks (default: one per host)")
     p.add_argument("--placement", choices=("interleaved", "contiguous"), default="interleaved",
                    help="interleaved: rank r on leaf r %% L (every leaf-spine link used)")
-    p.add_argument("--gloo-timeout", type=float, default=30.0, help="gloo timeout, seconds")
-    p.add_argument("--deadline", type=float, default=None, help="wall-clock limit for the whole job, seconds")
+    p.add_argument("--gloo-timeout", type=SECONDS, default=30.0, help="gloo timeout, seconds")
+    p.add_argument("--deadline", type=SECONDS, default=None, help="wall-clock limit for the whole job, seconds")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     wsub = p.add_subparsers(dest="workload_cmd", metavar="ACTION", required=True)
     run = wsub.add_parser("run", help="one rank per host namespace, gloo backend", formatter_class=Formatter,
                           epilog="examples:\n  sudo flowpulse workload run --size 4MiB --iterations 20\n"
-                                 "  sudo flowpulse workload run --workload ddp --iterations 30 --out /tmp/job\n")
+                                 "  sudo flowpulse workload run --workload ddp --iterations 30 --out runs/ddp-job\n")
     add_job_args(run)
     run.add_argument("--out", type=Path, default=None, help="directory for rank logs and workload.json")
     add_common(run)

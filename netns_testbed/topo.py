@@ -418,3 +418,15 @@ def parse_namespace(name: str) -> tuple[str, str] | None:
     if not sep or not PREFIX_RE.fullmatch(prefix) or not NODE_RE.match(node):
         return None
     return prefix, node
+
+
+_LARGEST: list[Fabric] = []
+
+
+def largest_fabric() -> Fabric:
+    """The largest fabric FabricSpec allows: a link, link list or fault spec that does not parse against it
+    is malformed whatever testbed it is for, so commands check their arguments against it before they
+    look for the testbed (a typo is told as a typo, not as "no testbed")."""
+    if not _LARGEST:
+        _LARGEST.append(Fabric(FabricSpec(MAX_LEAVES, MAX_SPINES, MAX_HOSTS_PER_LEAF)))
+    return _LARGEST[0]

@@ -183,14 +183,21 @@ def test_dashboard_uses_exported_metrics():
 
     fab = Fabric(FabricSpec())
     exported = {m.name for m in AgentCollector([], IncidentTracker(fab, None), Mitigator(fab, None)).collect()}
-    exported |= {n + "_total" for n in exported}
+    exported |= {n + "_total" for n in exported} | {n + "_info" for n in exported}
     exported |= {"flowpulse:link_suspected:max", "flowpulse:link_estimated_rate:max"}
     dash = json.loads((DEPLOY / "grafana" / "flowpulse.json").read_text())
     used = set()
     for panel in dash["panels"]:
         for t in panel["targets"]:
             used |= set(re.findall(r"flowpulse[:_][a-z_:]+", t["expr"]))
+            # every agent series is narrowed to the chosen instances (recording rules are fabric-wide)
+            for name, sel in re.findall(r"\b(flowpulse_[a-z_]+)(\{[^}]*\})?", t["expr"]):
+                assert 'instance=~"$instance"' in sel, (panel["title"], t["expr"])
     assert used and used <= exported, used - exported
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "instance", "switch"]
+    # the series that pages, and the agents' own health, each have a panel
+    assert {"flowpulse_incident", "flowpulse_last_poll_age_seconds", "flowpulse_agent_errors_total",
+            "flowpulse_bad_input_total"} <= used
 
 
 @pytest.mark.root
