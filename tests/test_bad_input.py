@@ -65,6 +65,8 @@ CASES = [   # (argv, exit code, a word of the message)
     (["agent", "--all", "--duration", "-1"], 2, "--duration: -1 is out of range"),
     (["agent", "--all", "--min-rate", "inf"], 2, "--min-rate: 'inf' is not a finite number"),
     (["agent", "--all", "--metrics-port", "70000"], 2, "bad --metrics-port"),
+    (["agent", "--all", "--web-config", "{tmp}/seed.yaml"], 2, "--web-config goes with --metrics-port"),
+    (["agent", "--all", "--metrics-port", "9599", "--web-config", "{tmp}/seed.yaml"], 2, "unknown field(s) ['seed']"),
     (["agent", "--switch", "leaf1", "--switch", "leaf1"], 2, "given twice"),
     (["agent", "--all", "--fa-per-day", "inf"], 2, "--fa-per-day: 'inf' is not a finite number"),
     (["agent", "--all", "--alerts", "/nonexistent-dir/a.jsonl"], 2, "does not exist"),
