@@ -25,6 +25,7 @@ import ctypes as ct
 import logging
 import os
 import socket
+import time
 
 from agent.site import Site
 from netns_testbed.errors import EnvironmentProblem, SpecError
@@ -93,6 +94,7 @@ class CountingProgram:
         self.attached: list[tuple[int, str]] = []   # clsact: (ifindex, parent)
         self.links: list[int] = []                  # tcx: the links' descriptors
         self.own_qdisc: set[int] = set()
+        self.armed_ns: int | None = None            # when every port counted (monotonic ns), after attach()
 
     def load(self) -> None:
         self.bpf, self.fns = dp.compile_program(program_text(self.site), cflags(self.site), PROGRAMS)
@@ -134,37 +136,43 @@ class CountingProgram:
 
     def attach(self) -> None:
         from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
 
         with IPRoute() as ipr:           # one netlink session: leftovers first, then the attach
             for ifx in self.ifindexes:
                 self._drop_leftovers(ipr, ifx)
-            if self.hook is Hook.TCX:
-                for ifx in self.ifindexes:
-                    for name in PROGRAMS:
-                        try:
-                            self.links.append(hooks.attach_tcx(self.fns[name].fd, ifx, DIRECTION[name], first=True))
-                        except OSError as e:
-                            raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") \
-                                from None
-                return
+            self._attach(ipr)
+        self.armed_ns = time.monotonic_ns()     # every port counts from here (agent.reader: armed_ns)
+
+    def _attach(self, ipr) -> None:
+        """Both programs on every port (tcx links, or filters on the ports' clsact)."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        if self.hook is Hook.TCX:
             for ifx in self.ifindexes:
-                try:
-                    ipr.tc("add", "clsact", ifx)
-                    self.own_qdisc.add(ifx)
-                except NetlinkError as e:
-                    if e.code != 17:  # EEXIST: the machine has one already; share it
-                        raise EnvironmentProblem(f"cannot add tc clsact on ifindex {ifx}: {e}") from None
                 for name in PROGRAMS:
-                    parent = PARENTS[name]
-                    for prio, fname in self._filters(ipr, ifx, parent):
-                        if prio == PRIO:
-                            raise EnvironmentProblem(f"tc priority {PRIO} on ifindex {ifx} is taken by {fname!r}: "
-                                                     "the counter must run first; move that filter")
-                    fn = self.fns[name]
-                    ipr.tc("add-filter", "bpf", ifx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
-                           direct_action=True, prio=PRIO)
-                    self.attached.append((ifx, parent))
+                    try:
+                        self.links.append(hooks.attach_tcx(self.fns[name].fd, ifx, DIRECTION[name], first=True))
+                    except OSError as e:
+                        raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") \
+                            from None
+            return
+        for ifx in self.ifindexes:
+            try:
+                ipr.tc("add", "clsact", ifx)
+                self.own_qdisc.add(ifx)
+            except NetlinkError as e:
+                if e.code != 17:  # EEXIST: the machine has one already; share it
+                    raise EnvironmentProblem(f"cannot add tc clsact on ifindex {ifx}: {e}") from None
+            for name in PROGRAMS:
+                parent = PARENTS[name]
+                for prio, fname in self._filters(ipr, ifx, parent):
+                    if prio == PRIO:
+                        raise EnvironmentProblem(f"tc priority {PRIO} on ifindex {ifx} is taken by {fname!r}: "
+                                                 "the counter must run first; move that filter")
+                fn = self.fns[name]
+                ipr.tc("add-filter", "bpf", ifx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
+                       direct_action=True, prio=PRIO)
+                self.attached.append((ifx, parent))
 
     def maps(self) -> CountMaps:
         return CountMaps(self.bpf, self.site)

@@ -70,6 +70,9 @@ class AgentCollector:
                                    "read them (the agent fell a whole ring behind)", labels=["switch"])
         busy = CounterMetricFamily("flowpulse_agent_busy_seconds", "CPU-side time spent polling and judging",
                                    labels=["switch"])
+        skipped = CounterMetricFamily("flowpulse_pulses_skipped", "Pulses not judged because they began before "
+                                      "counting ran on every port (an agent started during a burst)",
+                                      labels=["switch"])
         errors = CounterMetricFamily("flowpulse_agent_errors", "Polls that raised (logged with their traceback; the "
                                      "agent goes on, and exits after many in a row)", labels=["switch"])
         pulse_age = GaugeMetricFamily("flowpulse_last_pulse_age_seconds", "Seconds since the switch's latest pulse was "
@@ -83,10 +86,11 @@ class AgentCollector:
                 self._agent(a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate)
                 lost.add_metric([a.switch], a.reader.lost)
                 errors.add_metric([a.switch], a.errors)
+                skipped.add_metric([a.switch], getattr(a.reader, "skipped", 0))
                 pulse_age.add_metric([a.switch], now - (a.last_pulse_at or a.started_at))
                 poll_age.add_metric([a.switch], now - a.last_poll)
         yield from (pulses, warming, pkts, score, thresh, noise, active, rate, alerts, resync, lost, busy, errors,
-                    pulse_age, poll_age)
+                    skipped, pulse_age, poll_age)
         bad = CounterMetricFamily("flowpulse_bad_input", "Files and records refused as bad content (verdict files of "
                                   "other agents, saved state), one log line each time one turns bad",
                                   labels=["source"])

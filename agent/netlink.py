@@ -76,6 +76,10 @@ class NetlinkReader:
         self.start_ns = 0
         self.active = False
         self.pulse_id = 0
+        # a pulse is given only if a whole gap of silence was seen before it began (agent.reader: a reader
+        # started during a burst would cut its first pulse anywhere in it)
+        self.whole_from_ns: int | None = time.monotonic_ns() + self.gap_ns
+        self.skipped = 0
         self.resyncs = 0
         self.lost = 0          # (the eBPF reader's ring; interface statistics have none)
         self.reads = 0
@@ -100,6 +104,13 @@ class NetlinkReader:
         if not self.active or now - self.last_change_ns < self.gap_ns:
             return None
         self.active = False
+        if self.whole_from_ns is not None:
+            if self.start_ns < self.whole_from_ns:      # began before a whole gap of silence was seen: partial
+                log.info("%s: first pulse began before a whole gap of silence was seen: skipped", self.switch)
+                self.skipped += 1
+                self.base, self.base_bad = self.last, self.last_bad
+                return None
+            self.whole_from_ns = None
         delta = self.last - self.base
         dbad = self.last_bad - self.base_bad
         self.base, self.base_bad = self.last, self.last_bad

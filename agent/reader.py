@@ -13,6 +13,16 @@ The open pulse is read once it has been idle for the gap; if a packet lands
 while it is copied (its last-packet time moved) the copy is thrown away and
 taken again at the next poll. Maps that were replaced (a reload) are reopened,
 and an id that goes backwards (a reset) starts again at the current pulse.
+
+Counting that begins while traffic flows (a site agent loads its program and
+attaches it port after port, during a job) sees its first pulses in part: some
+ports counted from the burst's start, others from when they were attached, and
+the first "pulse" begins wherever counting began. A reader told when counting was
+armed on every port (``armed_ns``) gives only pulses whose opening gap of silence
+it observed whole: a pulse starts after ``gap_ms`` without a packet, so a pulse
+that started at least ``gap_ms`` after every port counted is whole. The ones before
+are skipped (``skipped``), not judged. A testbed's counters run from its build:
+its readers are never partial.
 """
 from __future__ import annotations
 
@@ -48,9 +58,13 @@ class PulseReader:
     from the first id it saw, one per pulse given or lost, across wraps, reloads and resets.
     """
 
-    def __init__(self, switch: str, gap_ms: float, open_maps: Callable[[], object], margin_ms: float = 5.0) -> None:
+    def __init__(self, switch: str, gap_ms: float, open_maps: Callable[[], object], margin_ms: float = 5.0,
+                 armed_ns: int | None = None) -> None:
         self.switch = switch
         self.gap_ns = int((gap_ms + margin_ms) * 1e6)
+        # pulses that started before this (monotonic ns) began while counting was being armed: skipped
+        self.whole_from_ns = None if armed_ns is None else armed_ns + int(gap_ms * 1e6)
+        self.skipped = 0
         self.open_maps = open_maps
         self.maps = None
         self._pin_ino = None
@@ -82,6 +96,13 @@ class PulseReader:
         self.lost += n
         self.pulse_no += n
         self.next_id = (self.next_id + n) % PULSE_ID_MOD
+
+    def _partial(self, start_ns: int) -> None:
+        log.info("%s: pulse begun %.0f ms before counting ran on every port for a whole gap: skipped (it "
+                 "holds part of a burst)", self.switch, (self.whole_from_ns - start_ns) / 1e6)
+        self.skipped += 1
+        self.pulse_no += 1
+        self.next_id = (self.next_id + 1) % PULSE_ID_MOD
 
     def poll(self) -> PulseCounts | None:
         """The next closed pulse not given yet, else None. Cheap when idle; call it until it
@@ -127,6 +148,11 @@ class PulseReader:
             return None
         start = got.start_ns or (start_ns if ahead == 0 else 0)
         end = got.end_ns or (last_ns if ahead == 0 else start)
+        if self.whole_from_ns is not None:
+            if start < self.whole_from_ns:
+                self._partial(start)
+                return self.poll()            # the next one, if it closed too (at most the ring's pulses)
+            self.whole_from_ns = None         # from here on every pulse is whole
         pkts = got.counts
         pc = PulseCounts(self.switch, self.pulse_no, pkts[:, :, :, IP_KINDS].sum(axis=3),
                          pkts[:, :, :, BAD_KIND].sum(axis=2), start_ns=start, end_ns=end,

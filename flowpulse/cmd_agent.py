@@ -239,7 +239,8 @@ def run_site_agent(args: argparse.Namespace, site, ifindexes: list[int], cfg, si
         program.load()
         program.attach()
         agent = SwitchAgent(site.deployment(), site.switch, opts,
-                            PulseReader(site.switch, site.gap_ms, program.maps), sinks=[sink])
+                            PulseReader(site.switch, site.gap_ms, program.maps, armed_ns=program.armed_ns),
+                            sinks=[sink])
     except BaseException:
         program.close()
         raise

@@ -12,6 +12,7 @@ import ctypes as ct
 import errno
 import os
 import platform
+import sys
 from functools import lru_cache
 
 import numpy as np
@@ -466,3 +467,50 @@ def tcx_supported() -> bool:
         return e.errno == errno.ENODEV
     finally:
         os.close(fd)
+
+
+class RingWakeups:
+    """The kernel's "a pulse opened" signal: a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, Linux 5.8+) whose
+    descriptor epoll reports readable while records wait. Only the wake-up is used, not the records: after a
+    wake the reader moves the consumer position to the producer's (:meth:`drain`), which re-arms it.
+
+    The ring's first page (the consumer position) is mapped read-write and the second (the producer
+    position) read-only, as the kernel lays them out (kernel/bpf/ringbuf.c)."""
+
+    def __init__(self, path: str | None = None, fd: int | None = None) -> None:
+        import mmap
+
+        if fd is not None:
+            self.fd = os.dup(fd)
+        else:
+            p = ct.create_string_buffer(path.encode())
+            try:
+                self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
+            except OSError as e:
+                raise FileNotFoundError(errno.ENOENT, f"no pinned BPF ring buffer at {path} ({e.strerror})") from None
+        page = mmap.PAGESIZE
+        try:
+            self._cons = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+            self._prod = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def drain(self) -> int:
+        """Take every waiting record (unread: the wake-up was the message); returns how many bytes were
+        waiting."""
+        prod = ct.c_uint64.from_buffer_copy(self._prod, 0).value
+        cons = ct.c_uint64.from_buffer_copy(self._cons, 0).value
+        if prod != cons:
+            self._cons[0:8] = prod.to_bytes(8, sys.byteorder)
+        return prod - cons
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self._cons.close()
+            self._prod.close()
+            os.close(self.fd)
+            self.fd = -1

@@ -191,3 +191,36 @@ def test_pulse_id_wrap_numbers_go_on_past_24_bits():
     got = drain(r)
     assert [pc.ip[0, 0, 1] for pc in got] == [300, 301]
     assert [pc.pulse for pc in got] == [MOD, MOD + 1]
+
+
+def test_a_reader_armed_during_a_burst_skips_the_pulses_it_saw_in_part():
+    """Counting armed on every port at ``armed_ns`` (a site agent attached port after port during a job):
+    a pulse that began before a whole gap had passed since then holds part of a burst and is skipped; the
+    first one after is given, and every one after it."""
+    m = FakeRing()
+    armed = time.monotonic_ns()
+
+    def pulse(pkts: int, start_ns: int, idle: bool = True) -> None:
+        m.pulse(pkts, idle=idle)
+        m.slots[m.pid % m.ring][2] = start_ns
+
+    pulse(100, armed - 1000, idle=False)       # under way when counting was armed
+    r = PulseReader("leaf0", 45.0, lambda: m, armed_ns=armed)
+    assert r.poll() is None                    # still open
+    pulse(200, armed + int(20e6))              # began after arming, but within a gap of it: the gap before
+    pulse(300, armed + int(60e6))              # it was not all seen; this one's was
+    pulse(400, armed + int(80e6))
+    got = drain(r)
+    assert [int(pc.ip[0, 0, 1]) for pc in got] == [300, 400]
+    assert r.skipped == 2 and r.lost == 0 and [pc.pulse for pc in got] == [3, 4]
+    pulse(500, armed - int(1e9))               # once whole pulses came, the rule is done with
+    assert [int(pc.ip[0, 0, 1]) for pc in drain(r)] == [500]
+
+
+def test_a_reader_of_counters_that_ran_all_along_skips_nothing():
+    m = FakeRing()
+    m.pulse(100)
+    m.pulse(200)
+    r = reader_with(m)                         # a testbed's counters: running since the build
+    m.pulse(300)
+    assert [int(pc.ip[0, 0, 1]) for pc in drain(r)] == [300] and r.skipped == 0
