@@ -31,7 +31,7 @@ from agent.site import Site
 from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed import hooks
-from netns_testbed.bpfmaps import PinnedArray
+from netns_testbed.bpfmaps import PinnedArray, RingWakeups
 from netns_testbed.hooks import Hook
 
 log = logging.getLogger("flowpulse.agent.counting")
@@ -78,6 +78,7 @@ class CountMaps(dp.CounterMaps):
         self.nports, self.nsrc = sh.nports, sh.nsrc
         self.maps = {name: PinnedArray(name, t, n, pc, fd=bpf_obj[name.encode()].map_fd)
                      for name, (t, n, pc) in dp.counter_map_entries(sh).items()}
+        self.wakeups = RingWakeups(fd=bpf_obj[dp.WAKEUPS.encode()].map_fd)
 
     def identity(self) -> None:
         return None  # held by this process: nobody replaces them

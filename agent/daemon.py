@@ -317,6 +317,87 @@ class SignalEvent(threading.Event):
         super().clear()
 
 
+IDLE_WAIT_S = 1.0    # the longest sleep while no pulse is open: the kernel's wake-up is the real signal, and a
+                     # signal (SIGTERM, SIGHUP) wakes the loop at once (Waker); this bounds how late a
+                     # stop set from another thread is seen
+
+
+def sleep_for(agents: list[SwitchAgent], poll_s: float, now_ns: int) -> float:
+    """How long the loop may sleep: until the earliest open pulse can have closed (its reader's wake_ns);
+    ``poll_s`` for a reader that cannot be woken (no ring: it polls the clock); else IDLE_WAIT_S."""
+    wait = IDLE_WAIT_S
+    for a in agents:
+        r = a.reader
+        wake = getattr(r, "wake_ns", None)
+        if wake is not None:
+            wait = min(wait, max(0.0, (wake - now_ns) / 1e9))
+        elif getattr(r, "wake_fd", None) is None:
+            wait = min(wait, poll_s)
+    return max(wait, 0.001)
+
+
+class Waker:
+    """epoll on the readers' "a pulse opened" rings: ``wait`` returns at the first wake-up or the timeout,
+    and re-arms the rings that woke it."""
+
+    def __init__(self, agents: list[SwitchAgent]) -> None:
+        import select
+
+        self.ep = select.epoll()
+        self.agents = agents
+        self.fds: dict[tuple[int, int], SwitchAgent] = {}
+        self.refresh()
+        # in the main thread, a signal wakes the loop at once (its handler runs, then the loop sees what it set)
+        self.pipe: tuple[int, int] | None = None
+        self.old_wakeup = -1
+        if threading.current_thread() is threading.main_thread():
+            self.pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self.old_wakeup = signal.set_wakeup_fd(self.pipe[1], warn_on_full_buffer=False)
+            self.ep.register(self.pipe[0], select.EPOLLIN)
+
+    def refresh(self) -> None:
+        """Follow readers whose rings changed (maps replaced by a reload: the reader reopened them)."""
+        import select
+
+        # keyed by the ring object too: a reopened ring may get the number of the one closed before it
+        want = {(fd, id(a.reader.maps)): a for a in self.agents
+                if (fd := getattr(a.reader, "wake_fd", None)) is not None}
+        if want.keys() == self.fds.keys():
+            return
+        for fd, _ in self.fds.keys() - want.keys():
+            try:
+                self.ep.unregister(fd)
+            except (OSError, ValueError):
+                pass                      # closed with its maps: epoll dropped it already
+        for fd, _ in want.keys() - self.fds.keys():
+            try:
+                self.ep.register(fd, select.EPOLLIN)
+            except FileExistsError:       # the same number, re-registered for the ring now behind it
+                self.ep.modify(fd, select.EPOLLIN)
+        self.fds = want
+
+    def wait(self, timeout: float) -> None:
+        self.refresh()
+        woke = {fd for fd, _ in self.ep.poll(timeout)}
+        for (fd, _), a in self.fds.items():
+            if fd in woke:
+                a.reader.woken()
+        if self.pipe is not None and self.pipe[0] in woke:
+            try:
+                while os.read(self.pipe[0], 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            signal.set_wakeup_fd(self.old_wakeup)
+            for fd in self.pipe:
+                os.close(fd)
+            self.pipe = None
+        self.ep.close()
+
+
 def _catch_up(a: SwitchAgent, tracker: IncidentTracker | None, publish: Callable[[list[dict]], None]) -> bool:
     """Read and judge ``a``'s closed pulses (up to MAX_PULSES_PER_STEP, one per lock hold: scrapes get in
     between); their alerts go to ``tracker``. True if any pulse was read."""
@@ -359,6 +440,10 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
         signal.signal(signal.SIGHUP, lambda *_: hup.set_from_signal())
     next_tick = time.monotonic() + tick_s
     sinks = list(incident_sinks or [])
+    waker = Waker(agents)
+    if not waker.fds:
+        waker.close()
+        waker = None
 
     def publish(incs: list[dict]) -> None:
         for inc in incs:
@@ -369,6 +454,16 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
                 for sink in sinks:
                     sink(act)
 
+    try:
+        _loop(agents, stop, hup, tracker, publish, poll_s, on_tick, tick_s, next_tick, waker)
+    finally:
+        if waker is not None:
+            waker.close()
+
+
+def _loop(agents, stop, hup, tracker, publish, poll_s, on_tick, tick_s, next_tick, waker) -> None:
+    """run_agents' loop: catch every agent up, then sleep until a pulse opens (the kernel's ring), an open
+    one can have closed (sleep_for), the next tick, or IDLE_WAIT_S."""
     while not stop.is_set():
         if hup.is_set():
             hup.clear()
@@ -395,4 +490,10 @@ def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float =
         if on_tick and time.monotonic() >= next_tick:
             on_tick(agents)
             next_tick = time.monotonic() + tick_s
-        stop.wait(poll_s)
+        timeout = sleep_for(agents, poll_s, time.monotonic_ns())
+        if on_tick:
+            timeout = min(timeout, max(0.0, next_tick - time.monotonic()))
+        if waker is None or stop.is_set():
+            stop.wait(timeout)
+        else:
+            waker.wait(timeout)

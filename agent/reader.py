@@ -23,11 +23,19 @@ it observed whole: a pulse starts after ``gap_ms`` without a packet, so a pulse
 that started at least ``gap_ms`` after every port counted is whole. The ones before
 are skipped (``skipped``), not judged. A testbed's counters run from its build:
 its readers are never partial.
+
+Between pulses the reader has nothing to do. The kernel says when a pulse opens
+(a record in the ``pulse_events`` ring buffer, :attr:`wake_fd`, which epoll
+reports readable); while one is open the reader knows when to look again (its
+last packet's time plus the gap, :attr:`wake_ns`). So an agent sleeps until one
+of the two (``agent.daemon.run_agents``), and polls the clock only for a program
+without the ring (a testbed built by an older version).
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Callable
 
 from agent.pulse import PulseCounts
@@ -65,6 +73,10 @@ class PulseReader:
         # pulses that started before this (monotonic ns) began while counting was being armed: skipped
         self.whole_from_ns = None if armed_ns is None else armed_ns + int(gap_ms * 1e6)
         self.skipped = 0
+        # when to look again (monotonic ns): the open pulse's last packet plus the gap; None: no pulse is
+        # open, nothing to do until the kernel says one opened (wake_fd)
+        self.wake_ns: int | None = None
+        self._durations: deque[int] = deque(maxlen=8)   # the latest pulses' lengths (ns)
         self.open_maps = open_maps
         self.maps = None
         self._pin_ino = None
@@ -89,6 +101,18 @@ class PulseReader:
         if self.maps is not None:
             self.maps.close()
             self.maps = None
+
+    @property
+    def wake_fd(self) -> int | None:
+        """A descriptor epoll reports readable when a pulse opens (None: the maps have no such ring)."""
+        w = getattr(self.maps, "wakeups", None)
+        return w.fileno() if w is not None else None
+
+    def woken(self) -> None:
+        """After a wake: re-arm the ring (its records are not needed)."""
+        w = getattr(self.maps, "wakeups", None)
+        if w is not None:
+            w.drain()
 
     def _skip(self, n: int, why: str) -> None:
         log.error("%s: %d pulse(s) lost: %s (the kernel keeps %d; poll more often or give the agent "
@@ -116,6 +140,7 @@ class PulseReader:
         except FileNotFoundError:
             raise RuntimeError(f"{self.switch}: the datapath's maps are gone (testbed down?)") from None
         pid, last_ns, start_ns = self.maps.pulse_state()
+        self.wake_ns = None
         if pid == 0 and last_ns == 0:         # no IPv4 packet yet: the first pulse will be id 1
             if self.next_id is None:
                 self.next_id = 1
@@ -137,11 +162,15 @@ class PulseReader:
             self._skip(ahead - self.maps.ring + 1, f"the reader was {ahead} pulses behind")
             ahead = self.maps.ring - 1
         if ahead == 0 and time.monotonic_ns() - last_ns < self.gap_ns:
+            # look again when it can have closed: a gap after its last packet, and not before a pulse as
+            # long as the usual one has gone by (a collective's pulses are alike: one look, not one a gap)
+            self.wake_ns = max(last_ns, start_ns + self._usual_ns()) + self.gap_ns
             return None                       # the current pulse is still open
         got = self.maps.read_pulse(self.next_id)
         self.reads += 1
         pid2, last2, _ = self.maps.pulse_state()
         if ahead == 0 and pid2 == pid and last2 != last_ns:
+            self.wake_ns = last2 + self.gap_ns
             return None                       # a packet extended the pulse during the copy: again later
         if got.overwritten or (pid2 - self.next_id) % PULSE_ID_MOD >= self.maps.ring:
             self._skip(1, "its ring slot was reused while it was copied")
@@ -160,7 +189,15 @@ class PulseReader:
                          data=pkts[:, :, :, DATA_KIND].copy(), dup=got.dups, span=got.spans)
         self.pulse_no += 1
         self.next_id = (self.next_id + 1) % PULSE_ID_MOD
+        if end > start:
+            self._durations.append(end - start)
         return pc
+
+    def _usual_ns(self) -> int:
+        """The median length of the latest pulses (0 before any): when to look at an open pulse first."""
+        if not self._durations:
+            return 0
+        return sorted(self._durations)[len(self._durations) // 2]
 
 
 def testbed_reader(tb, switch: str) -> PulseReader:

@@ -29,7 +29,7 @@ import numpy as np
 
 from netns_testbed import bpfcache
 from netns_testbed.errors import EnvironmentProblem
-from netns_testbed.bpfmaps import (MapSpec, PinnedArray, map_create, map_fds_in, map_spec, obj_pin,
+from netns_testbed.bpfmaps import (MapSpec, PinnedArray, RingWakeups, map_create, map_fds_in, map_spec, obj_pin,
                                    patch_map_fds, prog_load)
 from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.nsutil import iproute
@@ -55,7 +55,8 @@ MAX_PREFIXES = 1024
 RING = 16                 # pulses each switch keeps per counter (ring slots; -DFP_RING)
 PULSE_ID_BITS = 64 - PULSE_TIME_BITS   # the kernel's pulse id shares a word with the last packet's time
 PIN_NAMES = ("counters", "dup", "totals", "pulses", "ifindex_port", "port_out", "config", "pulse", "spray", "spray_bank",
-             "rotation", "faults", "fault_stats", "spray_stats", "spans")
+             "rotation", "faults", "fault_stats", "spray_stats", "spans", "pulse_events")
+WAKEUPS = "pulse_events"  # the ring buffer that says a pulse opened (counting.inc): not an array, no mirror
 FLOWS = 8192              # TCP flows whose sequence spans a switch tracks (LRU; switch.h FP_FLOWS)
 SPAN_LIMIT = 1 << 24      # a larger advance of a flow's highest end restarts it (switch.h)
 
@@ -540,10 +541,14 @@ class CounterMaps:
     shape: SwitchShape
     nports: int
     nsrc: int
+    wakeups: "RingWakeups | None" = None   # the "a pulse opened" ring (WAKEUPS), if the program has one
 
     def close(self) -> None:
         for m in self.maps.values():
             m.close()
+        if self.wakeups is not None:
+            self.wakeups.close()
+            self.wakeups = None
 
     @property
     def ring(self) -> int:
@@ -632,6 +637,10 @@ class SwitchMaps(CounterMaps):
             for name, (t, n, pc) in map_entries(self.shape).items():
                 self.maps[name] = PinnedArray(str(d / name), t, n, pc, readonly=readonly)
             check_pinned(self.maps, switch)
+            try:
+                self.wakeups = RingWakeups(str(d / WAKEUPS))
+            except FileNotFoundError:
+                self.wakeups = None   # a testbed built by a version without it: readers poll the clock
         except FileNotFoundError:
             self.close()
             extra = sorted(n for n in (os.listdir(d) if d.is_dir() else ()) if n not in PIN_NAMES
