@@ -398,11 +398,12 @@ class Waker:
         self.ep.close()
 
 
-def _catch_up(a: SwitchAgent, tracker: IncidentTracker | None, publish: Callable[[list[dict]], None]) -> bool:
+def _catch_up(a: SwitchAgent, tracker: IncidentTracker | None, publish: Callable[[list[dict]], None]) -> int:
     """Read and judge ``a``'s closed pulses (up to MAX_PULSES_PER_STEP, one per lock hold: scrapes get in
-    between); their alerts go to ``tracker``. True if any pulse was read."""
-    pulsed = False
-    for _ in range(MAX_PULSES_PER_STEP):
+    between); their alerts go to ``tracker``. Returns how many were read (MAX_PULSES_PER_STEP: maybe more
+    wait)."""
+    read = 0
+    while read < MAX_PULSES_PER_STEP:
         n = a.pulses
         with a.lock:
             events = a.step()
@@ -412,8 +413,8 @@ def _catch_up(a: SwitchAgent, tracker: IncidentTracker | None, publish: Callable
                     publish(tracker.feed(ev.to_dict(), now=time.time()))
         if a.pulses == n:
             break
-        pulsed = True
-    return pulsed
+        read += 1
+    return read
 
 
 def run_agents(agents: list[SwitchAgent], stop: threading.Event, poll_s: float = 0.01,
@@ -470,10 +471,12 @@ def _loop(agents, stop, hup, tracker, publish, poll_s, on_tick, tick_s, next_tic
             for a in agents:
                 with a.lock:
                     a.accept()
-        pulsed = False
+        pulsed = more = False
         for a in agents:
             try:
-                pulsed |= _catch_up(a, tracker, publish)
+                read = _catch_up(a, tracker, publish)
+                pulsed |= read > 0
+                more |= read == MAX_PULSES_PER_STEP     # the cap, not the end: look again at once
                 a.errors_in_row = 0
             except RuntimeError:
                 raise                    # the counters are gone (the testbed went down): the caller's to say
@@ -490,7 +493,7 @@ def _loop(agents, stop, hup, tracker, publish, poll_s, on_tick, tick_s, next_tic
         if on_tick and time.monotonic() >= next_tick:
             on_tick(agents)
             next_tick = time.monotonic() + tick_s
-        timeout = sleep_for(agents, poll_s, time.monotonic_ns())
+        timeout = 0.0 if more else sleep_for(agents, poll_s, time.monotonic_ns())
         if on_tick:
             timeout = min(timeout, max(0.0, next_tick - time.monotonic()))
         if waker is None or stop.is_set():
