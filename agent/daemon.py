@@ -100,6 +100,7 @@ class SwitchAgent:
         self.last_pulse_at: float | None = None   # time.monotonic() when the latest pulse was read
         self.pulses = 0
         self.errors = 0            # polls that raised (run_agents)
+        self.verdict_doc: str | None = None   # the latest exported verdict document (served at /verdicts/<switch>)
         self.errors_in_row = 0
         self.busy_s = 0.0
         self.last_poll = time.monotonic()   # the poll loop's heartbeat (/healthz)
@@ -218,7 +219,8 @@ class SwitchAgent:
         if events or self.pulses % self.opts.save_every == 0:
             self.save_state()
         if self.opts.export_verdicts:
-            write_verdicts(self.verdict_dir, self.detector, self.dep.verdict_key)
+            # the file for agents sharing verdict_dir, the document for those asking over HTTP (/verdicts/)
+            self.verdict_doc = write_verdicts(self.verdict_dir, self.detector, self.dep.verdict_key)
         if self._rec:
             rec = pc.to_dict()
             rec["scores"] = {str(k): round(v, 3) for k, v in self.detector.port_scores().items()}
@@ -287,8 +289,12 @@ def make_tracker(agents: list[SwitchAgent], reporter: str | None = None) -> Inci
     """The incident tracker for agents in this process: their own verdicts in memory, other switches'
     from the verdict files their agents export."""
     local = LocalEvidence(lambda: {a.switch: a.detector for a in agents})
-    return IncidentTracker(agents[0].dep.fabric, VerdictFiles(agents[0].verdict_dir, local, key=agents[0].dep.verdict_key),
-                           reporter)
+    dep = agents[0].dep
+    if dep.peers is not None:
+        from agent.verdictpeers import VerdictPeers
+
+        return IncidentTracker(dep.fabric, VerdictPeers(dep.peers, local, key=dep.verdict_key), reporter)
+    return IncidentTracker(dep.fabric, VerdictFiles(agents[0].verdict_dir, local, key=dep.verdict_key), reporter)
 
 
 class SignalEvent(threading.Event):

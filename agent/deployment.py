@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from netns_testbed.topo import Fabric, Link, SprayChange, SprayMode
+
+if TYPE_CHECKING:
+    from agent.verdictpeers import PeerAccess
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Deployment:
     # the fabric's verdict key (agent/verdictauth.py): verdict files are signed with it, and files without
     # its MAC are refused; None: unsigned files are written and read
     verdict_key: bytes | None = None
+    # where the other switches' agents answer for their verdicts (agent/verdictpeers.py); None: verdict files
+    peers: "PeerAccess | None" = None
 
 
 def of_testbed(tb, degraded: list[str] | None = None) -> Deployment:

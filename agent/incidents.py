@@ -89,6 +89,14 @@ class VerdictFiles:
         self.dir, self.local, self.max_age_s, self.key = directory, local, max_age_s, key
         self._warned: set[str] = set()
 
+    def origin(self, owner: str) -> str:
+        """Where ``owner``'s verdicts come from (for logs and the bad-input counter's one line per origin)."""
+        return str(self.dir / f"{owner}.json")
+
+    def fetch(self, owner: str) -> str:
+        """``owner``'s verdict document as text; FileNotFoundError if it has none."""
+        return read_bounded(self.dir / f"{owner}.json")
+
     def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         if self.local is not None:
             ev = self.local.evidence(owner, link, since, loss)
@@ -108,9 +116,9 @@ class VerdictFiles:
         """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file: none if the file is
         missing, stale, of another format, or bad (counted in ``flowpulse_bad_input_total{source="verdict"}``,
         one log line; see :func:`read_verdict_file`)."""
-        f = self.dir / f"{owner}.json"
+        f = self.origin(owner)
         try:
-            d = read_verdict_file(f, owner, self.key)
+            d = check_verdict(self.fetch(owner), owner, self.key)
         except FileNotFoundError:
             return None
         except OtherFormat as e:
@@ -120,7 +128,7 @@ class VerdictFiles:
                             "agent runs this version", owner, e.args[0], VERDICT_FORMAT, owner)
             return None
         except (OSError, BadInput) as e:
-            REFUSED.refuse("verdict", str(f), str(e))
+            REFUSED.refuse("verdict", f, str(e))
             return None
         age = time.time() - d["written"]
         if age > self.max_age_s or name not in d["cells"]:
@@ -129,9 +137,9 @@ class VerdictFiles:
         try:
             ledger.load(d["ledger"])
         except (ValueError, OverflowError) as e:
-            REFUSED.refuse("verdict", str(f), f"ledger: {e}")
+            REFUSED.refuse("verdict", f, f"ledger: {e}")
             return None
-        REFUSED.accepted(str(f))
+        REFUSED.accepted(f)
         if path:
             return path_evidence(ledger, d["cells"][name], since, name, owner)
         return evidence_from(ledger, d["cells"][name], since, name, owner, name in d.get("open_links", []), loss)
@@ -146,12 +154,18 @@ CLOCK_SKEW_S = 5.0   # how far in the future a verdict file's ``written`` may be
 
 
 def read_verdict_file(path: Path, owner: str, key: bytes | None = None) -> dict:
-    """A verdict file checked whole before any of it is used: a regular file (no symlink, bounded size),
-    strict JSON, :data:`VERDICT_SCHEMA`, signed with ``key`` if there is one (agent/verdictauth.py), written
-    by ``owner`` (its ``switch``), not from the future, every cell inside the ledger and every ledger row
-    ``ncells`` wide. Raises :class:`FileNotFoundError`, :class:`OtherFormat`, or :class:`OSError`/
-    :class:`BadInput` for a file that is not to be trusted."""
-    d = untrusted.loads(read_bounded(path))
+    """:func:`check_verdict` of a verdict file: a regular file (no symlink, bounded size). Raises
+    :class:`FileNotFoundError`, :class:`OtherFormat`, or :class:`OSError`/:class:`BadInput` for a file that
+    is not to be trusted."""
+    return check_verdict(read_bounded(path), owner, key)
+
+
+def check_verdict(text: str, owner: str, key: bytes | None = None) -> dict:
+    """A verdict document (a file's or a peer's answer) checked whole before any of it is used: strict
+    JSON, :data:`VERDICT_SCHEMA`, signed with ``key`` if there is one (agent/verdictauth.py), written by
+    ``owner`` (its ``switch``), not from the future, every cell inside the ledger and every ledger row
+    ``ncells`` wide. Raises :class:`OtherFormat` or :class:`BadInput`."""
+    d = untrusted.loads(text)
     fmt = d.get("format", 1 if "ledger" in d else None) if isinstance(d, dict) else None   # format 1 had none
     if type(fmt) is int and fmt != VERDICT_FORMAT:
         raise OtherFormat(fmt)
@@ -172,15 +186,24 @@ def read_verdict_file(path: Path, owner: str, key: bytes | None = None) -> dict:
     return d
 
 
-def write_verdicts(directory: Path, det: SwitchDetector, key: bytes | None = None) -> None:
+def write_verdicts(directory: Path, det: SwitchDetector, key: bytes | None = None) -> str | None:
     """Export a detector's verdict evidence for agents in other processes (nothing if it gives none), signed
-    with the fabric's verdict ``key`` if there is one."""
+    with the fabric's verdict ``key`` if there is one. Returns the document (what the agent's
+    ``/verdicts/<switch>`` serves), or None."""
+    doc = verdict_document(det, key)
+    if doc is not None:
+        write_atomic(directory / f"{det.switch}.json", doc)
+    return doc
+
+
+def verdict_document(det: SwitchDetector, key: bytes | None = None) -> str | None:
+    """A detector's verdict evidence as the JSON text of its verdict file (None if it gives none)."""
     if det.ledger is None:
-        return
+        return None
     d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells,
          "reference": str(det.ledger.reference), "cells": det.owned_cells(), "ledger": det.ledger.state(),
          "open_links": sorted(det.open_loss_links())}
-    write_atomic(directory / f"{det.switch}.json", json.dumps(verdictauth.sign(key, d) if key is not None else d))
+    return json.dumps(verdictauth.sign(key, d) if key is not None else d)
 
 
 @dataclass

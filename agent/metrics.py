@@ -228,7 +228,8 @@ def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
           tracker: IncidentTracker | None = None, mitigator: "Mitigator | None" = None,
           web: "WebConfig | None" = None) -> CollectorRegistry:
     """Start the HTTP endpoint (loopback by default: agents' data is not for the world):
-    ``/metrics`` (Prometheus) and ``/healthz`` (200 with JSON while every poll loop runs, else 503);
+    ``/metrics`` (Prometheus), ``/healthz`` (200 with JSON while every poll loop runs, else 503) and
+    ``/verdicts/<switch>`` (the switch's latest verdict document, for the other agents);
     with ``web`` (agent.webconfig), over TLS and/or behind basic authentication."""
     from prometheus_client import ProcessCollector, make_wsgi_app
 
@@ -242,6 +243,14 @@ def serve(agents: list[SwitchAgent], port: int, addr: str = "127.0.0.1",
             start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="flowpulse"'),
                                                 ("Content-Type", "text/plain")])
             return [b"Unauthorized\n"]
+        path = environ.get("PATH_INFO", "")
+        if path.startswith("/verdicts/"):          # the owners' evidence, for peers (agent/verdictpeers.py)
+            doc = next((a.verdict_doc for a in agents if path == f"/verdicts/{a.switch}"), None)
+            if doc is None:
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"no verdicts\n"]
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [doc.encode()]
         if environ.get("PATH_INFO") == "/healthz":
             ok, body = health(agents)
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "application/json")])

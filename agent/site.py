@@ -78,6 +78,10 @@ class Site:
     state_dir: Path
     verdict_dir: Path | None           # None: <state_dir>/verdicts
     verdict_key: Path | None = None    # the fabric's verdict key file (agent/verdictauth.py); None: unsigned
+    peers: dict[str, str] | None = None    # switch -> its agent's URL (agent/verdictpeers.py); None: verdict files
+    peer_ca_file: Path | None = None
+    peer_user: str | None = None
+    peer_password_file: Path | None = None
     pinned: tuple[str, ...] = ()       # fields set on the command line: kept when the file is read again
 
     @property
@@ -93,7 +97,23 @@ class Site:
                           out_of_service=self.out_of_service, degraded=self.degraded, state_dir=self.state_dir,
                           verdict_dir=self.verdicts, reload=self.reload,
                           per_source=self.counters is CounterSource.EBPF,
-                          verdict_key=load_key(self.verdict_key) if self.verdict_key else None)
+                          verdict_key=load_key(self.verdict_key) if self.verdict_key else None,
+                          peers=self.peer_access())
+
+    def peer_access(self):
+        """How to ask the other switches' agents for their verdicts (None: through verdict files)."""
+        if not self.peers:
+            return None
+        from agent.verdictpeers import PeerAccess
+
+        password = None
+        if self.peer_password_file is not None:
+            try:
+                password = self.peer_password_file.read_text().strip()
+            except OSError as e:
+                raise SpecError(f"site file {self.path}: peer_password_file {self.peer_password_file}: cannot read "
+                                f"it ({e.strerror})") from None
+        return PeerAccess(dict(self.peers), self.peer_ca_file, self.peer_user, password)
 
     def reload(self) -> Deployment:
         """SIGHUP: the file read again. What the detector takes (spray, weights, out of service, degraded)
@@ -229,10 +249,18 @@ def site_from_dict(path: Path, data: dict) -> Site:
     state_dir = _dir(path, data.get("state_dir", str(DEFAULT_STATE_DIR)))
     verdict_dir = _dir(path, data["verdict_dir"]) if "verdict_dir" in data else None
     verdict_key = _dir(path, data["verdict_key"]) if "verdict_key" in data else None
+    peers = dict(data["peers"]) if data.get("peers") else None
+    if peers:
+        bad = sorted(set(peers) - set(fabric.switches))
+        if bad:
+            raise _fail(path, f"peers.{bad[0]}", f"not a switch of this fabric ({', '.join(fabric.switches)})")
+    peer_files = {k: _dir(path, data[k]) for k in ("peer_ca_file", "peer_password_file") if k in data}
     return Site(path=path, switch=switch, fabric=fabric, ifnames=ifnames, sources=sources,
                 counters=counters, gap_ms=float(data.get("pulse_gap_ms", 50)),
                 spray=SprayMode.parse(data.get("spray", "rrdst")), weights=weights, out_of_service=oos,
-                degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir, verdict_key=verdict_key)
+                degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir, verdict_key=verdict_key,
+                peers=peers, peer_ca_file=peer_files.get("peer_ca_file"), peer_user=data.get("peer_user"),
+                peer_password_file=peer_files.get("peer_password_file"))
 
 
 def _links(path: Path, fabric: Fabric, where: str, text: str) -> list[Link]:

@@ -195,8 +195,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
             load_key(site.verdict_key)                      # exit 3 if it is missing or others can read it
         else:
-            log.warning("site %s names no verdict_key: verdict files are neither signed nor checked (anyone who "
-                        "can write to %s can sway a verdict)", args.site, site.verdicts)
+            log.warning("site %s names no verdict_key: verdicts are neither signed nor checked (anyone who "
+                        "can write to %s, or answer for a peer, can sway a verdict)", args.site, site.verdicts)
+        site.peer_access()                                  # its password file readable (exit 2)
+        if site.peers and args.metrics_port is None:
+            log.warning("site %s names peers, but without --metrics-port this agent serves them no verdicts "
+                        "(/verdicts/%s)", args.site, site.switch)
     if args.metrics_port is not None:
         check_port_free(args.metrics_addr, args.metrics_port)
     sink = JsonLinesSink(args.alerts, stdout=args.json)

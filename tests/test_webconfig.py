@@ -5,14 +5,12 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import bcrypt
 import pytest
 
 from agent.daemon import AgentOptions, SwitchAgent
@@ -22,6 +20,7 @@ from agent.metrics import MAX_CONNECTIONS, serve
 from agent.webconfig import load_web_config
 from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
+from tests.tlsutil import make_tls
 
 FABRIC = Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=2))
 
@@ -44,14 +43,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                    "-keyout", str(d / "agent.key"), "-out", str(d / "agent.crt")], check=True, capture_output=True)
-    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
-    (d / "web.yml").write_text(f"tls_server_config:\n  cert_file: agent.crt\n  key_file: agent.key\n"
-                               f"basic_auth_users:\n  prometheus: '{hashed}'\n")
-    return d
+    return make_tls(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")

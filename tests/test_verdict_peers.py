@@ -1,0 +1,137 @@
+"""Verdicts asked of the owners' agents over HTTP (agent/verdictpeers.py): no shared file system. The
+answer is checked as a file is; TLS and basic auth say who may ask and who answered, the verdict key
+who wrote it."""
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import ssl
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from agent.daemon import AgentOptions, SwitchAgent
+from agent.deployment import Deployment
+from agent.detector import DetectorConfig
+from agent.incidents import VerdictFiles, verdict_document, write_verdicts
+from agent.metrics import serve
+from agent.site import load_site, site_of_testbed
+from agent.verdictauth import ensure_key
+from agent.verdictpeers import PeerAccess, VerdictPeers
+from agent.webconfig import load_web_config
+from netns_testbed.errors import SpecError
+from netns_testbed.topo import SprayMode
+from netns_testbed.untrusted import REFUSED
+from tests.test_verdict_auth import FABRIC, LINK, spine_with_evidence
+from tests.tlsutil import PASSWORD, USER, make_tls
+
+
+class _Idle:
+    resyncs = lost = 0
+
+    def poll(self):
+        return None
+
+    def close(self):
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def spine1(tmp_path_factory):
+    """spine1's agent, with ten pulses of a 1% loss on leaf1->spine1 in its ledger, serving over TLS with
+    basic auth; its verdicts signed with the fabric's key."""
+    d = tmp_path_factory.mktemp("peer")
+    tls = make_tls(d)
+    key = ensure_key(d / "keys" / "verdict.key")
+    dep = Deployment(name="t", fabric=FABRIC, spray=SprayMode.RRDST, weights={}, out_of_service=(), degraded=(),
+                     state_dir=d / "state", verdict_dir=d / "verdicts", reload=lambda: dep, verdict_key=key)
+    agent = SwitchAgent(dep, "spine1", AgentOptions(cfg=DetectorConfig()), _Idle())
+    agent.detector = spine_with_evidence()
+    agent.verdict_doc = write_verdicts(d / "verdicts", agent.detector, key)
+    port = free_port()
+    serve([agent], port, "127.0.0.1", web=load_web_config(tls / "web.yml"))
+    return {"agent": agent, "url": f"https://127.0.0.1:{port}", "tls": tls, "key": key, "dir": d}
+
+
+def peers(p, **kw) -> VerdictPeers:
+    access = PeerAccess({"spine1": p["url"]}, p["tls"] / "agent.crt", kw.get("user", USER),
+                        kw.get("password", PASSWORD))
+    return VerdictPeers(access, key=kw.get("key", p["key"]))
+
+
+def test_a_peer_gives_the_evidence_its_file_would(spine1):
+    got = peers(spine1).evidence("spine1", LINK, 0.0, 0.01)
+    from_file = VerdictFiles(spine1["dir"] / "verdicts", key=spine1["key"]).evidence("spine1", LINK, 0.0, 0.01)
+    assert got is not None and got == from_file and 0.005 < got.rate < 0.02
+
+
+@pytest.mark.parametrize("how", ["no credentials", "wrong password", "not its CA", "no such peer", "peer down"])
+def test_a_peer_that_cannot_be_asked_gives_no_verdict(spine1, how, tmp_path, caplog):
+    kw = {}
+    if how == "no credentials":
+        kw = {"user": None}
+    elif how == "wrong password":
+        kw = {"password": "guess"}
+    src = peers(spine1, **kw)
+    if how == "not its CA":
+        src.access.ca_file = make_tls(tmp_path) / "agent.crt"          # another self-signed certificate
+    elif how == "no such peer":
+        src.access.urls = {}
+    elif how == "peer down":
+        src.access.urls = {"spine1": f"https://127.0.0.1:{free_port()}"}
+    before = REFUSED.snapshot().get("verdict", 0)
+    with caplog.at_level("WARNING"):
+        assert src.evidence("spine1", LINK, 0.0, 0.01) is None
+        assert src.evidence("spine1", LINK, 0.0, 0.01) is None
+    assert REFUSED.snapshot().get("verdict", 0) == before          # not bad input: no answer
+    said = [r.getMessage() for r in caplog.records if "no verdicts from spine1" in r.getMessage()]
+    assert len(said) == (0 if how == "no such peer" else 1), said     # once, not at every question
+
+
+def test_a_forged_answer_is_refused_and_counted(spine1):
+    real = spine1["agent"].verdict_doc
+    try:
+        spine1["agent"].verdict_doc = verdict_document(spine1["agent"].detector, os.urandom(32))   # not the key
+        before = REFUSED.snapshot().get("verdict", 0)
+        assert peers(spine1).evidence("spine1", LINK, 0.0, 0.01) is None
+        assert REFUSED.snapshot().get("verdict", 0) == before + 1
+    finally:
+        spine1["agent"].verdict_doc = real
+
+
+def test_site_files_name_their_peers(tmp_path):
+    tb = SimpleNamespace(fabric=FABRIC, state=SimpleNamespace(gap_ms=50.0, spray="rrdst", weights={}),
+                         out_of_service=[])
+    data = site_of_testbed(tb, "leaf1")
+    (tmp_path / "pw").write_text("s3cret\n")
+    data.update(peers={"spine1": "https://10.0.0.11:9580"}, peer_ca_file="ca.crt", peer_user="flowpulse",
+                peer_password_file="pw")
+    (tmp_path / "leaf1.yaml").write_text(yaml.safe_dump(data))
+    access = load_site(tmp_path / "leaf1.yaml").peer_access()
+    assert access.urls == {"spine1": "https://10.0.0.11:9580"} and access.password == "s3cret"
+    assert access.ca_file == tmp_path / "ca.crt"
+    for bad, word in ((dict(peers={"spine9": "https://a:1"}), "peers.spine9"),
+                      (dict(peers={"spine1": "ftp://a"}), "does not match")):
+        data2 = {**data, **bad}
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data2))
+        with pytest.raises(SpecError, match=word):
+            load_site(tmp_path / "bad.yaml")
+
+
+def test_the_endpoint_says_404_for_a_switch_it_does_not_serve(spine1):
+    ctx = ssl.create_default_context(cafile=str(spine1["tls"] / "agent.crt"))
+    req = urllib.request.Request(f"{spine1['url']}/verdicts/spine0")
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, context=ctx, timeout=5)
+    assert e.value.code == 404
