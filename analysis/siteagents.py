@@ -15,6 +15,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
+
+import yaml
 
 from netns_testbed.topo import namespace
 
@@ -30,8 +33,12 @@ class SiteAgents:
     """``with SiteAgents(tb, out, counters="ebpf") as agents: ...``; after the block, ``alerts()`` and
     ``incidents()`` hold what every agent wrote, and ``exit_codes`` how each one ended (SIGTERM)."""
 
-    def __init__(self, tb, out: Path, counters: str = "ebpf", record: bool = False, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, tb, out: Path, counters: str = "ebpf", record: bool = False, extra: tuple[str, ...] = (),
+                 edit_site: "Callable[[str, dict], dict] | None" = None, shared_verdicts: bool = True) -> None:
+        """``edit_site(switch, data)``: each site file's content, changed before its agent starts (peers,
+        keys); ``shared_verdicts`` False: each agent its own verdict directory (they share nothing)."""
         self.tb, self.out, self.counters, self.record, self.extra = tb, out, counters, record, extra
+        self.edit_site, self.shared_verdicts = edit_site, shared_verdicts
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int] = {}
         self.empty_run = out / "no-testbed-here"
@@ -55,8 +62,12 @@ class SiteAgents:
         env = {**os.environ, "FLOWPULSE_RUN_DIR": str(self.empty_run)}   # any read of testbed state fails
         try:
             for sw in self.tb.fabric.switches:
+                if self.edit_site is not None:
+                    path = sites / f"{sw}.yaml"
+                    path.write_text(yaml.safe_dump(self.edit_site(sw, yaml.safe_load(path.read_text()))))
+                verdicts = self.out / ("verdicts" if self.shared_verdicts else f"verdicts-{sw}")
                 args = ["agent", "--site", str(sites / f"{sw}.yaml"), "--state-dir", str(self.out / "state" / sw),
-                        "--verdict-dir", str(self.out / "verdicts"), "--alerts", str(self.out / f"alerts-{sw}.jsonl"),
+                        "--verdict-dir", str(verdicts), "--alerts", str(self.out / f"alerts-{sw}.jsonl"),
                         "--incidents", str(self.out / f"incidents-{sw}.jsonl"), *self.extra]
                 if self.record:
                     args += ["--record", str(self.out / "pulses")]

@@ -211,3 +211,50 @@ def test_an_agent_on_tcx_removes_counting_filters_a_killed_clsact_agent_left(mak
             new.close()
     assert on_port.split() == ["tcx:fp_count_in", "tcx:fp_ingress", "tcx:fp_count_out", "tcx:fp_egress"], on_port
     assert counting_filters(tb.prefix, "leaf0", ifname).split() == ["tcx:fp_ingress", "tcx:fp_egress"]
+
+
+def test_site_agents_ask_their_peers_for_verdicts_over_https_and_share_no_files(make_testbed, tmp_path):
+    """Every agent with its own verdict directory (nothing shared): the leaves ask the spines' agents for
+    their verdicts over HTTPS with basic auth (each spine at its address on the leaf's own link), the
+    verdicts signed with the fabric's key; a 5% drop on leaf2->spine1 is still named."""
+    from agent.verdictauth import ensure_key
+    from tests.tlsutil import PASSWORD, USER
+
+    tb = make_testbed()
+    fab = tb.fabric
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    addrs = sorted({str(p.address.ip) for sw in fab.switches for p in fab.ports[sw]})
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=fabric",
+                    "-addext", "subjectAltName=" + ",".join(f"IP:{a}" for a in addrs),
+                    "-keyout", str(tls / "agent.key"), "-out", str(tls / "agent.crt")], check=True, capture_output=True)
+    import bcrypt
+
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    (tls / "web.yml").write_text(f"tls_server_config: {{cert_file: agent.crt, key_file: agent.key}}\n"
+                                 f"basic_auth_users: {{{USER}: '{hashed}'}}\n")
+    (tls / "password").write_text(PASSWORD)
+    ensure_key(tmp_path / "keys" / "verdict.key")
+    port = 19700
+
+    def edit(sw: str, data: dict) -> dict:
+        data["verdict_key"] = str(tmp_path / "keys" / "verdict.key")
+        if sw.startswith("leaf"):      # each spine's agent at its address on this leaf's own link to it
+            data["peers"] = {p.peer: f"https://{fab.ports[p.peer][p.peer_index].address.ip}:{port}"
+                             for p in fab.ports[sw] if p.peer.startswith("spine")}
+            data.update(peer_ca_file=str(tls / "agent.crt"), peer_user=USER,
+                        peer_password_file=str(tls / "password"))
+        return data
+
+    extra = ("--metrics-port", str(port), "--metrics-addr", "0.0.0.0", "--web-config", str(tls / "web.yml"))
+    with SiteAgents(tb, tmp_path, extra=extra, edit_site=edit, shared_verdicts=False) as agents:
+        job_with_fault(tb, tmp_path, "leaf2->spine1:drop=0.05@iter=8", 40, 4 << 20)
+    assert set(agents.exit_codes.values()) == {143}, {sw: agents.log(sw).read_text()[-800:] for sw in agents.procs}
+    named = {i["link"] for i in agents.incidents() if i.get("link")}
+    assert named == {"leaf2->spine1"}, agents.incidents()
+    # the leaves' incidents were settled by spine1's verdict, which they could only have had over HTTPS
+    leaf_named = [i for i in agents.incidents() if i.get("link") and any(s.startswith("leaf") for s in i["switches"])]
+    assert leaf_named and all("spine1" in i["how"] for i in leaf_named), leaf_named
+    for sw in fab.switches:
+        log = agents.log(sw).read_text()
+        assert "no verdicts from" not in log and "refused" not in log, (sw, log[-800:])
