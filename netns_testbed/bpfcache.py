@@ -100,7 +100,10 @@ def store(name: str, entry: dict) -> None:
         return
     if not _trusted_dir(d):
         return
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    except OSError:          # a read-only file system (a unit's ProtectSystem=strict): no cache, no error
+        return
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({**entry, "format": FORMAT, "key": name}, f)

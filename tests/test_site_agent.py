@@ -8,6 +8,7 @@ are off; its datapath still sprays and injects the fault.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -258,3 +259,53 @@ def test_site_agents_ask_their_peers_for_verdicts_over_https_and_share_no_files(
     for sw in fab.switches:
         log = agents.log(sw).read_text()
         assert "no verdicts from" not in log and "refused" not in log, (sw, log[-800:])
+
+
+# ProtectSystem=strict with ReadWritePaths, as a mount namespace can show it without systemd as PID 1: every
+# mount read-only but the one directory the agent may write; UMask=0077 (the unit's settings)
+UNIT_FS = r"""
+import os, subprocess, sys
+rw, argv = sys.argv[1], sys.argv[2:]
+subprocess.run(["mount", "--bind", rw, rw], check=True)
+for line in open("/proc/self/mounts").read().splitlines():
+    m = line.split()[1].encode().decode("unicode_escape")
+    if m != rw and not any(m == s or m.startswith(s + "/") for s in ("/proc", "/sys", "/dev")):
+        subprocess.run(["mount", "-o", "remount,bind,ro", m], capture_output=True)
+os.umask(0o077)
+os.execvp(argv[0], argv)
+"""
+
+
+def test_the_agent_under_the_units_settings_catches_a_fault(make_testbed, tmp_path):
+    """spine1's site agent with the unit's capability bounding set, no new privileges, UMask=0077, and a
+    file system read-only but for its one writable directory (its state, verdicts and alerts): it
+    catches a 5% drop on leaf2->spine1 and names the link, and what it wrote is its own (0600)."""
+    tb = make_testbed()
+    rw = tmp_path / "rw"
+    (rw / "tmp").mkdir(parents=True)
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    assert flowpulse("fabric", "export-site", "--prefix", tb.prefix, "--switch", "spine1",
+                     "--out", str(sites / "spine1.yaml")).wait() == 0
+    caps = ",".join("+" + c.removeprefix("CAP_").lower() for c in unit_capabilities())
+    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", UNIT_FS, str(rw),
+            "ip", "netns", "exec", namespace(tb.prefix, "spine1"), "setpriv", f"--bounding-set=-all,{caps}",
+            "--inh-caps=-all", "--no-new-privs", sys.executable, "-m", "flowpulse", "agent", "--site",
+            str(sites / "spine1.yaml"), "--state-dir", str(rw / "state"), "--alerts", str(rw / "alerts.jsonl")]
+    log = tmp_path / "agent.log"
+    env = {**os.environ, "TMPDIR": str(rw / "tmp"), "FLOWPULSE_RUN_DIR": str(rw / "no-testbed")}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    try:
+        wait_for(log, "watching spine1", 90)
+        job_with_fault(tb, tmp_path, "leaf2->spine1:drop=0.05@iter=8", 30, 4 << 20)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    alerts = [json.loads(l) for l in (rw / "alerts.jsonl").read_text().splitlines()]
+    assert any(a["event"] == "alert" and a["link"] == "leaf2->spine1" for a in alerts), (alerts, log.read_text()[-2000:])
+    assert not any(a["event"] == "alert" and a["link"] not in (None, "leaf2->spine1") for a in alerts), alerts
+    for f in [rw / "alerts.jsonl", *(rw / "state").rglob("*.json")]:
+        assert f.stat().st_mode & 0o777 == 0o600, f
+    assert "Read-only file system" not in log.read_text()
