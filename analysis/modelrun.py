@@ -8,10 +8,11 @@ switched on and off at given pulses, feeds every switch's counts to its own
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.detector import DetectorConfig, SwitchDetector
-from agent.incidents import IncidentTracker, LocalEvidence
+from agent.incidents import EvidenceSource, IncidentTracker, LocalEvidence
 from analysis.model import FabricModel, ModelSpec
 
 
@@ -23,14 +24,19 @@ class ModelRun:
 
 
 def run_model(spec: ModelSpec, pulses: int, schedule: dict[int, dict[str, dict[str, float]]],
-              cfg: DetectorConfig | None = None, out_of_service: list | None = None) -> ModelRun:
-    """``schedule``: pulse -> {"drop": {link: rate}, "corrupt": {link: rate}} in force from that pulse."""
+              cfg: DetectorConfig | None = None, out_of_service: list | None = None,
+              evidence: Callable[[dict], EvidenceSource] | None = None,
+              on_pulse: Callable[[int, dict], None] | None = None, fed: set[str] | None = None) -> ModelRun:
+    """``schedule``: pulse -> {"drop": {link: rate}, "corrupt": {link: rate}} in force from that pulse.
+    ``evidence(detectors)``: where the tracker gets the owners' verdicts (default: the detectors, in
+    process); ``on_pulse(i, detectors)`` runs after each pulse is judged (verdict files written, and so
+    on); ``fed``: only these switches' alerts reach the tracker (as a tracker in one switch's agent)."""
     model = FabricModel(spec)
     fab = model.fabric
     cfg = cfg or DetectorConfig(rotations=spec.ncpu * fab.spec.hosts_per_leaf)
     dets = {sw: SwitchDetector(fab, sw, cfg, spec.spray, spec.weights, out_of_service or model.oos)
             for sw in fab.switches}
-    tracker = IncidentTracker(fab, LocalEvidence(lambda: dets))
+    tracker = IncidentTracker(fab, evidence(dets) if evidence else LocalEvidence(lambda: dets))
     run = ModelRun(detectors=dets)
     model.set_faults({}, {})
     for i in range(pulses):
@@ -42,9 +48,13 @@ def run_model(spec: ModelSpec, pulses: int, schedule: dict[int, dict[str, dict[s
                 d = a.to_dict()
                 d["iteration"] = i
                 run.alerts.append(d)
+                if fed is not None and sw not in fed:
+                    continue
                 for ev in tracker.feed(d, now=i + 0.5):
                     ev["iteration"] = i
                     run.incidents.append(ev)
+        if on_pulse is not None:
+            on_pulse(i, dets)
         for ev in tracker.tick(i + 0.5):
             ev["iteration"] = i
             run.incidents.append(ev)

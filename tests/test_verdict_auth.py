@@ -106,3 +106,45 @@ def test_agents_starting_together_share_one_key(tmp_path):
     assert len(set(keys)) == 1 and len(keys[0]) == KEY_BYTES
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in path.parent.iterdir()] == ["verdict.key"]
+
+
+def test_a_forged_verdict_file_changes_no_incident(tmp_path):
+    """A leaf's agent in its own process settles its ambiguous alert with spine1's verdict file. Someone who
+    can write to the verdict directory replaces it after every pulse with one that says spine1's link from
+    leaf1 is intact (its loss taken out of the ledger, its open alert out of the list), so that the leaf would blame the healthy
+    spine1->leafM. A reader without the key believes it and names the wrong link; with the fabric's key
+    the forged file is refused at every read (counted) and no link is named from it."""
+    from agent.incidents import LocalEvidence, verdict_document
+    from analysis.model import ModelSpec
+    from analysis.modelrun import run_model
+
+    key = ensure_key(tmp_path / "keys" / "verdict.key")
+    d = tmp_path / "verdicts"
+    d.mkdir(mode=0o700)
+    fault = "leaf1->spine1"
+
+    def forge(i: int, dets: dict) -> None:
+        doc = json.loads(verdict_document(dets["spine1"]))
+        cell = doc["cells"].get(fault)
+        if cell is not None:
+            for row in doc["ledger"]:
+                row[1][cell] = 0.0                # no deficit: "intact"
+        doc["open_links"] = []                    # and no alert open on it
+        (d / "spine1.json").write_text(json.dumps(doc))          # no MAC: the writer has no key
+
+    def run(reader_key: bytes | None):
+        def evidence(dets):     # the leaves' own detectors in process; spine1 only through its file
+            local = LocalEvidence(lambda: {sw: det for sw, det in dets.items() if sw != "spine1"})
+            return VerdictFiles(d, local, key=reader_key)
+
+        return run_model(ModelSpec(size=16 << 20, seed=7), 40, {20: {"drop": {fault: 0.02}}}, evidence=evidence,
+                         on_pulse=forge, fed={sw for sw in FABRIC.switches if sw.startswith("leaf")})
+
+    fooled = run(None)
+    wrong = {e["link"] for e in fooled.incidents if e.get("link")}
+    assert wrong and fault not in wrong, fooled.incidents             # the attack works without the key
+    before = refused()
+    keyed = run(key)
+    assert {e["link"] for e in keyed.incidents if e.get("link")} == set(), keyed.incidents
+    assert any(e["event"] == "open" for e in keyed.incidents)         # the fault is still an incident: localizing
+    assert refused() > before
