@@ -283,3 +283,25 @@ def test_saved_detector_state(tmp_path_factory):
             pass
 
     run()
+
+
+GOOD_WEB = {"tls_server_config": {"cert_file": "agent.crt", "key_file": "agent.key",
+                                  "client_auth_type": "NoClientCert"},
+            "basic_auth_users": {"prometheus": "$2b$04$" + "a" * 53}}
+
+
+def test_web_configs(tmp_path_factory):
+    from agent.webconfig import load_web_config
+
+    path = tmp_path_factory.mktemp("web") / "web.yml"
+
+    @FUZZ
+    @given(st.one_of(mutated(GOOD_WEB).map(yaml.safe_dump), st.text(max_size=80)))
+    def run(text):
+        path.write_text(text)
+        try:
+            load_web_config(path)
+        except SpecError as e:
+            assert "\n" not in str(e)
+
+    run()
