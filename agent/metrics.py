@@ -78,7 +78,7 @@ class AgentCollector:
         pulse_age = GaugeMetricFamily("flowpulse_last_pulse_age_seconds", "Seconds since the switch's latest pulse was "
                                       "read (since the agent started, before its first)", labels=["switch"])
         poll_age = GaugeMetricFamily("flowpulse_last_poll_age_seconds", "Seconds since the poll loop last looked at "
-                                     "the switch's counters (it looks every few ms: large means stuck)",
+                                     "the switch's counters (at least once a second: more means stuck)",
                                      labels=["switch"])
         now = time.monotonic()
         for a in self.agents:
@@ -164,7 +164,7 @@ class AgentCollector:
         return [inc, irate]
 
 
-STALL_S = 5.0  # a poll loop silent this long is stuck (it polls every few ms)
+STALL_S = 5.0  # a poll loop silent this long is stuck (it looks at least once a second, run_agents)
 
 
 def health(agents: list[SwitchAgent], now: float | None = None) -> tuple[bool, dict]:

@@ -80,7 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --mitigate: spines every leaf keeps towards every other leaf, whatever is drained")
     p.add_argument("--live", action="store_true", help="full-screen live view in the terminal")
     p.add_argument("--duration", type=SECONDS, default=None, help="stop after this many seconds")
-    p.add_argument("--poll-ms", type=number(1, 1000), default=10.0, help="how often to look at the pulse state")
+    p.add_argument("--poll-ms", type=number(1, 1000), default=10.0,
+                   help="how often to sample the counters when they cannot wake the agent (netlink; a testbed built "
+                        "without the pulse ring); the eBPF counters wake it when a pulse opens")
     add_common(p)
     p.set_defaults(func=cmd_agent)
 
