@@ -487,7 +487,7 @@ def cli(*args, pre="", env=None):
     (["fabric", "up", "--prefix", "Bad-Name"], "bad prefix", 2),
     (["fabric", "up", "--out-of-service", "leaf0<->spine9"], "unknown node 'spine9'", 2),
     (["fabric", "up", "--weight", "leaf0->spine1=abc"], "W must be a number", 2),
-    (["fabric", "up", "--gap-ms", "0"], "bad pulse gap", 2),
+    (["fabric", "up", "--gap-ms", "0"], "--gap-ms: 0 is out of range", 2),
 ])
 def test_bad_fabric_input(args, word, code):
     prefix = new_prefix()
@@ -527,8 +527,8 @@ def test_bad_fault_input(default_testbed):
     (["--all", "--metrics-port", "70000"], "--metrics-port"),
     (["--switch", "leaf1", "--switch", "leaf1"], "given twice"),
     (["--all", "--min-rate", "2"], "--min-rate"),
-    (["--all", "--fa-per-day", "inf"], "fa_per_day"),
-    (["--all", "--pulse-hz", "0"], "pulse_hz"),
+    (["--all", "--fa-per-day", "inf"], "--fa-per-day: 'inf' is not a finite number"),
+    (["--all", "--pulse-hz", "0"], "--pulse-hz: 0 is out of range"),
 ])
 def test_bad_agent_input(args, word):
     """Checked before the testbed is even looked up (this prefix has none): one line, exit 2."""
