@@ -30,8 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_nexthop_hook(args: argparse.Namespace) -> int:
-    import math
-
     from agent.nexthops import NexthopHook, serve
     from agent.site import load_site
     from flowpulse.errors import EnvironmentProblem, SpecError
@@ -39,8 +37,6 @@ def cmd_nexthop_hook(args: argparse.Namespace) -> int:
 
     if not 1 <= args.port <= 65535:
         raise SpecError(f"bad --port {args.port}: a TCP port in 1-65535")
-    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
-        raise SpecError(f"bad --duration {args.duration}: a number of seconds > 0 (omit it to run until stopped)")
     hook = NexthopHook(load_site(args.site))
     require_root()
     try:
