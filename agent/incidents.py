@@ -79,23 +79,23 @@ class LocalEvidence:
         return det.path_evidence(name, since) if det is not None else None
 
 
-class VerdictFiles:
-    """Verdicts exported by agents in other processes: ``<dir>/<switch>.json``, replaced atomically
-    after every pulse by the owner (:func:`write_verdicts`). Stale files (older than ``max_age_s``)
-    are ignored: an owner that stopped has no verdict, and so is a file of another ``VERDICT_FORMAT``."""
+class ExportedVerdicts:
+    """Verdicts of agents in other processes, as documents (:func:`verdict_document`) checked whole
+    before use (:func:`check_verdict`): stale ones (older than ``max_age_s``) are ignored, an owner that
+    stopped has no verdict, and so has one of another ``VERDICT_FORMAT``. Where the documents come from
+    is the subclass's: :class:`VerdictFiles`, or the owners' agents (agent.verdictpeers.VerdictPeers)."""
 
-    def __init__(self, directory: Path, local: EvidenceSource | None = None, max_age_s: float = 30.0,
-                 key: bytes | None = None) -> None:
-        self.dir, self.local, self.max_age_s, self.key = directory, local, max_age_s, key
+    def __init__(self, local: EvidenceSource | None = None, max_age_s: float = 30.0, key: bytes | None = None) -> None:
+        self.local, self.max_age_s, self.key = local, max_age_s, key
         self._warned: set[str] = set()
 
     def origin(self, owner: str) -> str:
         """Where ``owner``'s verdicts come from (for logs and the bad-input counter's one line per origin)."""
-        return str(self.dir / f"{owner}.json")
+        raise NotImplementedError
 
     def fetch(self, owner: str) -> str:
         """``owner``'s verdict document as text; FileNotFoundError if it has none."""
-        return read_bounded(self.dir / f"{owner}.json")
+        raise NotImplementedError
 
     def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         if self.local is not None:
@@ -115,7 +115,7 @@ class VerdictFiles:
                   path: bool = False) -> LinkEvidence | None:
         """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file: none if the file is
         missing, stale, of another format, or bad (counted in ``flowpulse_bad_input_total{source="verdict"}``,
-        one log line; see :func:`read_verdict_file`)."""
+        one log line; see :func:`check_verdict`)."""
         f = self.origin(owner)
         try:
             d = check_verdict(self.fetch(owner), owner, self.key)
@@ -145,19 +145,28 @@ class VerdictFiles:
         return evidence_from(ledger, d["cells"][name], since, name, owner, name in d.get("open_links", []), loss)
 
 
+class VerdictFiles(ExportedVerdicts):
+    """Verdicts exported by agents in other processes: ``<dir>/<switch>.json``, replaced atomically
+    after every pulse by the owner (:func:`write_verdicts`)."""
+
+    def __init__(self, directory: Path, local: EvidenceSource | None = None, max_age_s: float = 30.0,
+                 key: bytes | None = None) -> None:
+        super().__init__(local, max_age_s, key)
+        self.dir = directory
+
+    def origin(self, owner: str) -> str:
+        return str(self.dir / f"{owner}.json")
+
+    def fetch(self, owner: str) -> str:
+        return read_bounded(self.dir / f"{owner}.json")
+
+
 class OtherFormat(Exception):
     """A verdict file of another ``VERDICT_FORMAT`` (an agent of another version): args[0] is its format."""
 
 
 VERDICT_SCHEMA = Path(__file__).with_name("verdict.schema.json")
 CLOCK_SKEW_S = 5.0   # how far in the future a verdict file's ``written`` may be (clocks of two processes)
-
-
-def read_verdict_file(path: Path, owner: str, key: bytes | None = None) -> dict:
-    """:func:`check_verdict` of a verdict file: a regular file (no symlink, bounded size). Raises
-    :class:`FileNotFoundError`, :class:`OtherFormat`, or :class:`OSError`/:class:`BadInput` for a file that
-    is not to be trusted."""
-    return check_verdict(read_bounded(path), owner, key)
 
 
 def check_verdict(text: str, owner: str, key: bytes | None = None) -> dict:

@@ -10,6 +10,7 @@ import socket
 import ssl
 import threading
 import time
+from functools import lru_cache
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
 BAD_INPUT_SOURCES = ("verdict", "state")   # every source a running agent refuses content from (REFUSED)
 
 
+@lru_cache(maxsize=1)
 def version() -> str:
-    """The installed package's version (flowpulse/__init__.py through the package metadata: the agent does not
-    import the CLI package)."""
+    """The installed package's version, read once (flowpulse/__init__.py through the package metadata: the
+    agent does not import the CLI package)."""
     from importlib.metadata import PackageNotFoundError, version as dist_version
 
     try:

@@ -29,8 +29,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.incidents import EvidenceSource, VerdictFiles
-from netns_testbed.untrusted import BadInput
+from agent.incidents import EvidenceSource, ExportedVerdicts
+from netns_testbed.untrusted import text_of
 
 log = logging.getLogger("flowpulse.agent.peers")
 FETCH_TIMEOUT_S = 1.0      # a peer slower than this gives no verdict this time
@@ -73,24 +73,19 @@ class PeerAccess:
             raise PeerUnreachable(f"{url}: HTTP {e.code}") from None
         except (urllib.error.URLError, OSError, ssl.SSLError) as e:
             raise PeerUnreachable(f"{url}: {getattr(e, 'reason', None) or e}") from None
-        if len(body) > MAX_BYTES:
-            raise BadInput(f"larger than {MAX_BYTES} bytes")
-        try:
-            return body.decode()
-        except UnicodeDecodeError as e:
-            raise BadInput(f"not UTF-8 text (byte {e.start})") from None
+        return text_of(body, MAX_BYTES)
 
 
 class PeerUnreachable(Exception):
     """A peer that did not answer (down, refused, TLS failed, wrong credentials)."""
 
 
-class VerdictPeers(VerdictFiles):
+class VerdictPeers(ExportedVerdicts):
     """The owners' verdicts asked of their agents over HTTP (PeerAccess), checked as files are."""
 
     def __init__(self, access: PeerAccess, local: EvidenceSource | None = None, max_age_s: float = 30.0,
                  key: bytes | None = None) -> None:
-        super().__init__(Path("/nonexistent"), local, max_age_s, key)
+        super().__init__(local, max_age_s, key)
         self.access = access
         self._cache: dict[str, tuple[float, str]] = {}
         self._down: dict[str, float] = {}       # peer that did not answer -> when to ask it again (monotonic)

@@ -33,7 +33,7 @@ import stat
 from pathlib import Path
 
 from netns_testbed.errors import EnvironmentProblem
-from netns_testbed.untrusted import BadInput
+from netns_testbed.untrusted import text_of
 
 READ_LIMIT = 16 << 20      # bytes: the largest file (state, verdicts, reports) an agent reads
 
@@ -172,9 +172,4 @@ def read_bounded(path: Path | str, limit: int = READ_LIMIT) -> str:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file")
         data = f.read(limit + 1)
-    if len(data) > limit:
-        raise BadInput(f"larger than {limit} bytes")
-    try:
-        return data.decode()
-    except UnicodeDecodeError as e:
-        raise BadInput(f"not UTF-8 text (byte {e.start})") from None
+    return text_of(data, limit)

@@ -39,6 +39,17 @@ def loads(text: str | bytes):
         raise BadInput(f"not JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
+def text_of(data: bytes, limit: int) -> str:
+    """``data`` (read up to ``limit + 1`` bytes) as text: BadInput if it is larger than ``limit`` or not
+    UTF-8. Files and peers' answers alike."""
+    if len(data) > limit:
+        raise BadInput(f"larger than {limit} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise BadInput(f"not UTF-8 text (byte {e.start})") from None
+
+
 def one_line(text: str) -> str:
     """``text`` with every character that is not printable (a newline in a key, an escape sequence)
     written as its escape: messages about content are one line, and say nothing to the terminal."""

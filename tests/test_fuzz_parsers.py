@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from agent.detector import DetectorConfig, SwitchDetector
 from agent.feed import parse_header, parse_pulse
-from agent.incidents import OtherFormat, VerdictFiles, read_verdict_file, write_verdicts
+from agent.incidents import OtherFormat, VerdictFiles, check_verdict, write_verdicts
 from agent.site import check_schema, site_from_dict, site_of_testbed
 from analysis.rundir import load_report
 from analysis.spec import from_dict
@@ -225,7 +225,7 @@ def test_verdicts(verdict_dir):
     def run(content):
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
         try:
-            d = read_verdict_file(path, "spine1")
+            d = check_verdict(files.fetch("spine1"), "spine1")        # the reader's own path
         except (BadInput, OSError, OtherFormat) as e:
             ev = files.evidence("spine1", link, 0.0, 0.05)
             assert ev is None
