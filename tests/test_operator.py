@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -14,6 +13,7 @@ from types import SimpleNamespace
 from agent.daemon import JsonLinesSink
 from agent.metrics import STALL_S, health, serve
 from flowpulse.cli import JsonLogFormatter, build_parser
+from tests.standins import free_port
 
 
 def test_alert_file_reopened_after_logrotate_moves_it(tmp_path):
@@ -34,10 +34,7 @@ def fake_agent(switch: str, last_poll: float):
                            reader=SimpleNamespace(resyncs=0, lost=0))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
 
 
 def test_healthz_is_ok_while_every_poll_loop_runs_and_503_when_one_stalls():

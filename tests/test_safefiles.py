@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent
-from agent.deployment import Deployment
+from agent.daemon import JsonLinesSink, SwitchAgent
 from agent.detector import DetectorConfig, SwitchDetector
 from agent.incidents import write_verdicts
 from netns_testbed.safefiles import UnsafePath, open_append, read_bounded, secure_dir, write_atomic
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode
 from netns_testbed.untrusted import BadInput
+from tests.standins import IdleReader, idle_agent
 
 FABRIC = Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=2))
 
@@ -108,20 +108,8 @@ def test_read_bounded_refuses_links_devices_and_huge_files(tmp_path, victim):
 
 
 # -- each writer of the agents ---------------------------------------------------------------------
-class _Reader:
-    resyncs = lost = 0
-
-    def poll(self):
-        return None
-
-    def close(self):
-        pass
-
-
 def agent(tmp_path: Path, record: Path | None = None) -> SwitchAgent:
-    dep = Deployment(name="t", fabric=FABRIC, spray=SprayMode.RRDST, weights={}, out_of_service=(), degraded=(),
-                     state_dir=tmp_path / "state", verdict_dir=tmp_path / "verdicts", reload=lambda: dep)
-    return SwitchAgent(dep, "spine1", AgentOptions(cfg=DetectorConfig(), record=record), _Reader())
+    return idle_agent(tmp_path, FABRIC, "spine1", record=record)
 
 
 def test_detector_state_writer(tmp_path, victim):
@@ -178,7 +166,7 @@ def test_testbed_state_writer(tmp_path, victim, monkeypatch):
 
 
 # -- an agent whose poll raises ------------------------------------------------------------------
-class _Failing(_Reader):
+class _Failing(IdleReader):
     def __init__(self, fail: int) -> None:
         self.fail, self.calls = fail, 0
 

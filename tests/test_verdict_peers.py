@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -14,9 +13,6 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from agent.daemon import AgentOptions, SwitchAgent
-from agent.deployment import Deployment
-from agent.detector import DetectorConfig
 from agent.incidents import VerdictFiles, verdict_document, write_verdicts
 from agent.metrics import serve
 from agent.site import load_site, site_of_testbed
@@ -24,26 +20,10 @@ from agent.verdictauth import ensure_key
 from agent.verdictpeers import PeerAccess, VerdictPeers
 from agent.webconfig import load_web_config
 from netns_testbed.errors import SpecError
-from netns_testbed.topo import SprayMode
 from netns_testbed.untrusted import REFUSED
+from tests.standins import free_port, idle_agent
 from tests.test_verdict_auth import FABRIC, LINK, spine_with_evidence
 from tests.tlsutil import PASSWORD, USER, make_tls
-
-
-class _Idle:
-    resyncs = lost = 0
-
-    def poll(self):
-        return None
-
-    def close(self):
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +33,7 @@ def spine1(tmp_path_factory):
     d = tmp_path_factory.mktemp("peer")
     tls = make_tls(d)
     key = ensure_key(d / "keys" / "verdict.key")
-    dep = Deployment(name="t", fabric=FABRIC, spray=SprayMode.RRDST, weights={}, out_of_service=(), degraded=(),
-                     state_dir=d / "state", verdict_dir=d / "verdicts", reload=lambda: dep, verdict_key=key)
-    agent = SwitchAgent(dep, "spine1", AgentOptions(cfg=DetectorConfig()), _Idle())
+    agent = idle_agent(d, FABRIC, "spine1", verdict_key=key)
     agent.detector = spine_with_evidence()
     agent.verdict_doc = write_verdicts(d / "verdicts", agent.detector, key)
     port = free_port()

@@ -13,32 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import AgentOptions, SwitchAgent
-from agent.deployment import Deployment
-from agent.detector import DetectorConfig
 from agent.metrics import MAX_CONNECTIONS, serve
 from agent.webconfig import load_web_config
 from netns_testbed.errors import SpecError
-from netns_testbed.topo import Fabric, FabricSpec, SprayMode
+from netns_testbed.topo import Fabric, FabricSpec
+from tests.standins import free_port, idle_agent
 from tests.tlsutil import make_tls
 
 FABRIC = Fabric(FabricSpec(leaves=2, spines=2, hosts_per_leaf=2))
-
-
-class _Idle:
-    resyncs = lost = 0
-
-    def poll(self):
-        return None
-
-    def close(self):
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +30,7 @@ def tls(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def endpoint(tls, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("agent")
-    dep = Deployment(name="t", fabric=FABRIC, spray=SprayMode.RRDST, weights={}, out_of_service=(), degraded=(),
-                     state_dir=tmp / "state", verdict_dir=tmp / "verdicts", reload=lambda: dep)
-    agent = SwitchAgent(dep, "spine0", AgentOptions(cfg=DetectorConfig()), _Idle())
+    agent = idle_agent(tmp_path_factory.mktemp("agent"), FABRIC, "spine0")
     port = free_port()
     serve([agent], port, "127.0.0.1", web=load_web_config(tls / "web.yml"))
     return port
