@@ -139,10 +139,16 @@ class ExportedVerdicts:
         except (ValueError, OverflowError) as e:
             REFUSED.refuse("verdict", f, f"ledger: {e}")
             return None
+        try:
+            if path:
+                ev = path_evidence(ledger, d["cells"][name], since, name, owner)
+            else:
+                ev = evidence_from(ledger, d["cells"][name], since, name, owner, name in d.get("open_links", []), loss)
+        except (ArithmeticError, ValueError) as e:      # numbers that hold to the schema but no estimate can use
+            REFUSED.refuse("verdict", f, f"ledger: {type(e).__name__}: {e}")
+            return None
         REFUSED.accepted(f)
-        if path:
-            return path_evidence(ledger, d["cells"][name], since, name, owner)
-        return evidence_from(ledger, d["cells"][name], since, name, owner, name in d.get("open_links", []), loss)
+        return ev
 
 
 class VerdictFiles(ExportedVerdicts):

@@ -317,7 +317,7 @@ def timing_variance(rows: list[Row], share2: float) -> float:
     sum b``; with ``e s / v = bg`` of each side's own pulse, over the window's ``n + 1`` boundaries
     (the two edges included). Equal pulses: ``2 share2 (e / s)^2 / n^2``."""
     sb = sum(r[1] for r in rows)
-    if sb <= 0:
+    if sb * sb <= 0:             # no weight (or one so small its square underflows: a hostile verdict file)
         return 0.0
     g = [0.0] + [r[2] for r in rows] + [0.0]
     return share2 * sum((g[i] - g[i + 1]) ** 2 for i in range(len(g) - 1)) / sb ** 2
