@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.privileges import SITE_AGENT_EBPF, SITE_AGENT_NETLINK, TESTBED_AGENT
 from flowpulse.argtypes import PER_SECOND, SECONDS, number
-from flowpulse.cli import Formatter, add_common
+from flowpulse.cmdbase import Formatter, add_common
 
 log = logging.getLogger("flowpulse.agent")
 

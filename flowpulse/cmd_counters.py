@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from flowpulse.cli import Formatter, add_common, emit, table
+from flowpulse.cmdbase import Formatter, add_common, emit, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from flowpulse.cli import Formatter, add_common
+from flowpulse.cmdbase import Formatter, add_common
 from flowpulse.cmd_agent import add_detector_args, check_output_file, detector_config
 from flowpulse.errors import SpecError
 

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from flowpulse.argtypes import SECONDS
-from flowpulse.cli import Formatter, add_common
+from flowpulse.cmdbase import Formatter, add_common
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from flowpulse.cli import Formatter, emit, table
+from flowpulse.cmdbase import Formatter, emit, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from flowpulse.argtypes import MILLISECONDS, SECONDS
-from flowpulse.cli import Formatter, add_common, emit
+from flowpulse.cmdbase import Formatter, add_common, emit
 from workload.rank import WORKLOADS
 
 

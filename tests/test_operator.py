@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 from agent.daemon import JsonLinesSink
 from agent.metrics import STALL_S, health, serve
-from flowpulse.cli import JsonLogFormatter, build_parser
+from flowpulse.cli import build_parser
+from flowpulse.cmdbase import JsonLogFormatter
 from tests.standins import free_port
 
 
