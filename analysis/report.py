@@ -129,16 +129,7 @@ def text_summary(report: dict) -> str:
                      f"link {a['link'] or 'one of ' + ' / '.join(a['candidates'])}")
     for i in report.get("incidents", []):
         lines.append(f"incident: {i['kind']} on {i['link'] or '?'} ({i['how']})")
-    lines.append(f"detection: {det['true_positives']}/{det['faults']} faults caught, {det['false_positives']} false alerts, "
-                 f"{det['localization_correct']} localized right")
-    for pf in det["per_fault"]:
-        if pf["detected"]:
-            lines.append(f"  {pf['link']}: caught in {pf['iterations_to_detect']} iteration(s), "
-                         f"{pf['seconds_to_detect']:.2f} s after onset; localized to {pf['localized_link']}"
-                         + (f", {pf['iterations_detect_to_localize']} iteration(s) after detection"
-                            if pf.get("iterations_detect_to_localize") is not None else ""))
-        else:
-            lines.append(f"  {pf['link']}: missed")
+    lines += detection_lines(det)
     for act in (report.get("mitigation") or {}).get("actions", []):
         lines.append(f"mitigation: {act['action']} {act['link']} at {act['time'] - report['started']:.1f} s "
                      f"({act['reason']})")
@@ -158,6 +149,22 @@ def text_summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def detection_lines(det: dict) -> list[str]:
+    """The report's (or a replay's) detection: faults caught, false alerts, and per fault when it was
+    caught and named."""
+    lines = [f"detection: {det['true_positives']}/{det['faults']} faults caught, {det['false_positives']} false "
+             f"alerts, {det['localization_correct']} localized right"]
+    for pf in det["per_fault"]:
+        if pf["detected"]:
+            lines.append(f"  {pf['link']}: caught in {pf['iterations_to_detect']} iteration(s), "
+                         f"{pf['seconds_to_detect']:.2f} s after onset; localized to {pf['localized_link']}"
+                         + (f", {pf['iterations_detect_to_localize']} iteration(s) after detection"
+                            if pf.get("iterations_detect_to_localize") is not None else ""))
+        else:
+            lines.append(f"  {pf['link']}: missed")
+    return lines
+
+
 def cost_lines(r: dict) -> list[str]:
     """What each fault cost the job and, drained, what the job got back (report.json's cost)."""
     out = []
@@ -167,10 +174,13 @@ def cost_lines(r: dict) -> list[str]:
 
         def s(v):
             return "-" if v is None else f"{v:.2f} s"
+
+        def n(v):
+            return "-" if v is None else f"{v:g}"
         out.append(f"cost of {c['link']}: iteration time {ms(c['before_ms'])} before the fault, {ms(c['during_ms'])} "
                    f"while it acted ({c['iterations_during']} iterations), {ms(c['after_drain_ms'])} after the drain "
-                   f"(medians); retransmitted segments per iteration {c.get('retrans_before')} / "
-                   f"{c.get('retrans_during')} / {c.get('retrans_after_drain')}")
+                   f"(medians); retransmitted segments per iteration {n(c.get('retrans_before'))} / "
+                   f"{n(c.get('retrans_during'))} / {n(c.get('retrans_after_drain'))}")
         out.append(f"  from the fault's start: detected {s(c['to_detect_s'])}, named {s(c['to_name_s'])}, "
                    f"drained {s(c['to_drain_s'])}")
     return out

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from pathlib import Path
 
 from flowpulse.argtypes import MILLISECONDS, PER_SECOND, RATE
-from flowpulse.cli import Formatter, add_common, emit
+from flowpulse.cmdbase import Formatter, add_common, emit
 from flowpulse.cmd_agent import add_detector_args
 from flowpulse.cmd_workload import parse_size
 
@@ -46,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_common(d)
     d.set_defaults(func=cmd_demo)
 
-    r = sub.add_parser("report", help="tables and PNG plots of a run directory", formatter_class=Formatter)
+    r = sub.add_parser("report", help="tables and PNG plots of a run directory", formatter_class=Formatter,
+                       epilog="examples:\n  flowpulse report runs/x\n  flowpulse report runs/x --json\n"
+                              "  flowpulse report tests/data/recorded-runs/busy-ddp-two-faults\n")
     r.add_argument("run", type=Path)
     add_common(r, prefix=False)
     r.set_defaults(func=cmd_report)
@@ -204,6 +205,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from analysis.replay import replay_dir
+    from analysis.report import detection_lines
     from flowpulse.cmd_agent import detector_config
 
     if args.as_feed:
@@ -219,5 +221,5 @@ def cmd_replay(args: argparse.Namespace) -> int:
            f"score={a['score']:.1f} window={a['window']} link={a['link'] or ' / '.join(a['candidates'])}"
            + (f" (iteration {a['iteration']})" if a.get("iteration") is not None else "")
            for a in r["events"] if a["event"] != "update"]
-        + [f"detection: {json.dumps(r['detection'])}" if r.get("detection") else ""]))
+        + (detection_lines(r["detection"]) if r.get("detection") else [])))
     return 0

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from flowpulse.argtypes import number
-from flowpulse.cli import Formatter, add_common, emit, table
+from flowpulse.cmdbase import Formatter, add_common, emit, table
 from flowpulse.errors import SpecError
 from netns_testbed.hooks import Hook
 from netns_testbed.topo import SPRAY_MODE_HELP, SPRAY_MODES, FabricSpec
@@ -27,12 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--dump-bpf", action="store_true", help=argparse.SUPPRESS)
     up.set_defaults(func=cmd_up)
 
-    down = fsub.add_parser("down", help="remove a testbed (idempotent)", formatter_class=Formatter)
+    down = fsub.add_parser("down", help="remove a testbed (idempotent)", formatter_class=Formatter,
+                           epilog="examples:\n  sudo flowpulse fabric down\n  sudo flowpulse fabric down --prefix t2\n"
+                                  "  sudo flowpulse fabric down --all     # every testbed, also after a SIGKILL\n")
     add_common(down)
     down.add_argument("--all", action="store_true", help="remove every FlowPulse testbed on this machine")
     down.set_defaults(func=cmd_down)
 
-    st = fsub.add_parser("status", help="show testbeds and their settings", formatter_class=Formatter)
+    st = fsub.add_parser("status", help="show testbeds and their settings", formatter_class=Formatter,
+                         epilog="examples:\n  sudo flowpulse fabric status\n  sudo flowpulse fabric status --json\n")
     add_common(st)
     st.set_defaults(func=cmd_status)
 
@@ -78,7 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_common(rs)
     rs.set_defaults(func=cmd_restore)
 
-    pg = fsub.add_parser("ping", help="all-pairs ICMP reachability between hosts", formatter_class=Formatter)
+    pg = fsub.add_parser("ping", help="all-pairs ICMP reachability between hosts", formatter_class=Formatter,
+                         epilog="examples:\n  sudo flowpulse fabric ping\n  sudo flowpulse fabric ping --prefix t2 --json\n")
     add_common(pg)
     pg.add_argument("--count", type=int, default=1, help="echo requests per pair")
     pg.add_argument("--timeout", type=number(0, 60, above=True), default=1.0, help="seconds to wait for each reply")

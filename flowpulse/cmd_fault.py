@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from flowpulse.cli import Formatter, add_common, emit, table
+from flowpulse.cmdbase import Formatter, add_common, emit, table
 from netns_testbed.faults import BACKENDS
 
 
@@ -26,12 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "qdisc (drop, blackhole, corrupt, delay on a whole link), where the kernel has sch_netem")
     add_common(add)
     add.set_defaults(func=cmd_add)
-    clr = fsub.add_parser("clear", help="clear the fault on a link (a->b or a<->b), or all", formatter_class=Formatter)
+    clr = fsub.add_parser("clear", help="clear the fault on a link (a->b or a<->b), or all", formatter_class=Formatter,
+                          epilog="examples:\n  sudo flowpulse fault clear 'leaf1->spine2'\n"
+                                 "  sudo flowpulse fault clear 'leaf1<->spine2'\n  sudo flowpulse fault clear --all\n")
     clr.add_argument("link", metavar="LINK", nargs="?")
     clr.add_argument("--all", action="store_true", help="clear every fault")
     add_common(clr)
     clr.set_defaults(func=cmd_clear)
-    ls = fsub.add_parser("list", help="active faults with the injector's counts", formatter_class=Formatter)
+    ls = fsub.add_parser("list", help="active faults with the injector's counts", formatter_class=Formatter,
+                         epilog="examples:\n  sudo flowpulse fault list\n  sudo flowpulse fault list --json\n")
     add_common(ls)
     ls.set_defaults(func=cmd_list)
 
