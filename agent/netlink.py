@@ -19,7 +19,7 @@ no BPF, only netlink. What they cannot give, and what that costs:
   ``rx_frame_errors``): real NICs count them; veths never do, and a header the
   testbed's fault corrupts is dropped by IP, after the interface counted it.
 
-What it catches, measured on the testbed: see ``tests/test_site_agent.py`` and the README.
+What it catches, measured on the testbed: see ``tests/test_site_agent.py`` and docs/guides/site-agent.md.
 """
 from __future__ import annotations
 

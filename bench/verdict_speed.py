@@ -18,7 +18,7 @@ owner's faulty pulses (upstream faults): about 1 if the verdict's noise model fi
 
 The variants that shrink a term are not proposals: they say how much of the wait each term costs on
 these runs, and nothing about the healthy links they would name elsewhere (busy machines, DDP's
-broadcasts, 2x2x2 rings; see the README's Localization). Runtime: about 1 s a run and variant.
+broadcasts, 2x2x2 rings; see docs/concepts/localization.md). Runtime: about 1 s a run and variant.
 """
 from __future__ import annotations
 

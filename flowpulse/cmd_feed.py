@@ -1,5 +1,5 @@
 """``flowpulse feed``: the detectors and the incident tracker over per-pulse counts read as JSON lines
-(counters this project does not read itself; format in agent/feed.py and the README)."""
+(counters this project does not read itself; format in agent/feed.py and docs/reference/feed.md)."""
 from __future__ import annotations
 
 import argparse

@@ -342,7 +342,7 @@ def compile_program(text: str, cflags: list[str], functions: tuple[str, ...]):
                 f"BCC cannot find kernel headers ({msg}): run sudo scripts/setup.sh, which installs "
                 "linux-headers and links /lib/modules/$(uname -r)/build") from None
         raise EnvironmentProblem(f"eBPF program failed to compile or load ({msg}): check that the kernel "
-                                 "has BPF, BTF and tc clsact (see docs in README)") from None
+                                 "has BPF, BTF and tc clsact (see docs/getting-started.md)") from None
 
 
 SWITCH_FUNCTIONS = ("fp_ingress", "fp_egress")
@@ -373,7 +373,7 @@ class Template:
             for fd in [*fds.values(), *progs.values()]:
                 os.close(fd)
             raise EnvironmentProblem(f"eBPF program failed to load ({e.strerror}): check that the kernel has "
-                                     "BPF and tc clsact (see README)") from None
+                                     "BPF and tc clsact (see docs/getting-started.md)") from None
         return SwitchProgram({name: fds[old] for name, old in self.names.items()}, progs, list(fds.values()))
 
     @staticmethod

@@ -17,7 +17,7 @@ instead use netem (``Backend.NETEM``): a root qdisc on the upstream node's port.
 The upstream switch's egress program runs before any qdisc (``tc`` egress is
 called from ``__dev_queue_xmit`` ahead of the enqueue), so netem acts after the
 upstream counter and before the downstream one, like the BPF injector. What
-differs (README, "Fault backends"):
+differs (docs/concepts/datapath.md, "Fault backends"):
 
 * corruption: the BPF injector damages the IPv4 header of a share of packets,
   which the next hop drops as header errors; netem flips one random bit of the

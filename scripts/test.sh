@@ -58,7 +58,7 @@ elif [ $# -gt 0 ]; then
 elif [ "$guest" -eq 0 ]; then
     echo "test: FLOWPULSE_GUEST=0: the guest pass (Debian's 6.1 kernel, netem) is left out" >&2
 else
-    # the [bpf] twin of the real-job test is the backends' comparison (README), not a kernel check
+    # the [bpf] twin of the real-job test is the backends' comparison (docs/concepts/datapath.md), not a kernel check
     pass "$here/scripts/guest-test.sh" -- --timeout=900 -rs tests/test_netem.py tests/test_silent_faults.py -k "not bpf"
     third=$?
 fi

@@ -43,7 +43,7 @@ from certified-healthy pulses (:meth:`learn`).
   ``MAX_HOPS`` hops. A port more than ``GROSS_SHARE`` out of balance in a pulse
   is not in a ring phase (DDP's broadcast) and is not judged. With two leaves
   in the job a port's predecessor is also its successor and the spine cannot
-  judge (the leaves' peer test still detects; see the README on localization).
+  judge (the leaves' peer test still detects; see docs/concepts/localization.md).
   A deficit must persist: the spine judges each pulse one pulse late and counts
   ``min(r_t, max(r_{t+1}, 0))``, the deficit that the next pulse confirms. A
   real loss is there in every pulse; a stall (an RTO after a loss elsewhere)
