@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.pulse import SPAN_BYTES, SPAN_FIELDS, SPAN_FIRST, SPAN_NEW, SPAN_RESENT, PulseCounts
-from netns_testbed.topo import Fabric, FabricSpec, node_num
+from netns_testbed.topo import Fabric, FabricSpec, SprayMode, node_num
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ModelSpec:
     fabric: FabricSpec = field(default_factory=FabricSpec)
     size: int = 4 << 20                # bytes per allreduce
     ranks: int | None = None           # default: every host
-    spray: str = "rrdst"
+    spray: SprayMode = SprayMode.RRDST
     mss: int = 1448
     ack_ratio: float = 0.0128          # pure ACKs per data packet (recorded runs: ~133 per 10,300)
     ncpu: int = 2
@@ -55,6 +55,9 @@ class ModelSpec:
     weights: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     spans: bool = True                 # keep the same-packet reference's sums (the testbed's datapath does)
+
+    def __post_init__(self) -> None:
+        self.spray = SprayMode.parse(self.spray)      # a caller may name it by its value
 
 
 class FabricModel:
@@ -121,39 +124,52 @@ class FabricModel:
 
     # -- spraying --------------------------------------------------------------
     def _split(self, n: int, w: np.ndarray, flow: tuple[int, int, int, int]) -> np.ndarray:
-        """Packets per spine for n packets of one flow (source leaf, destination leaf, host slots).
-        rrdst's rotation per CPU carries on from pulse to pulse, as the kernel's counter does: a port's
-        count over any stretch of pulses is within one per CPU of its share (pulses folded together
-        are no noisier than one). Each flow keeps its own rotations (see bench/scale.py on
-        ``rotations``)."""
+        """Packets per spine for n packets of one flow (source leaf, destination leaf, host slots), as
+        the flow's spray mode splits them (SPLITS: one function per mode)."""
         if n <= 0:
             return np.zeros_like(w, dtype=np.int64)
-        mode = self.spec.spray
-        if mode == "random":
-            return self.rng.multinomial(n, w)
+        return SPLITS[self.spec.spray](self, n, w, flow)
+
+    def _split_random(self, n: int, w: np.ndarray, flow: tuple) -> np.ndarray:
+        """random: every packet draws its uplink, a multinomial split."""
+        return self.rng.multinomial(n, w)
+
+    def _split_rrdst(self, n: int, w: np.ndarray, flow: tuple) -> np.ndarray:
+        """rrdst: one rotation per (CPU, destination leaf). The rotation carries on from pulse to pulse,
+        as the kernel's counter does: a port's count over any stretch of pulses is within one per CPU of
+        its share (pulses folded together are no noisier than one). Each flow keeps its own rotations
+        (see bench/scale.py on ``rotations``)."""
+        chunks = self.rng.multinomial(n, np.full(self.spec.ncpu, 1 / self.spec.ncpu))
+        return self._rotations(chunks, w, flow, keep_phase=True)
+
+    def _split_rr(self, n: int, w: np.ndarray, flow: tuple) -> np.ndarray:
+        """rr: one rotation per CPU shared by every destination: other traffic reshuffles a flow's phase
+        between bursts of ``rr_burst`` packets."""
+        nb = max(1, int(round(n / self.spec.rr_burst)))
+        return self._rotations(self.rng.multinomial(n, np.full(nb, 1 / nb)), w, flow, keep_phase=False)
+
+    def _rotations(self, chunks: np.ndarray, w: np.ndarray, flow: tuple, keep_phase: bool) -> np.ndarray:
+        """Round-robin over the uplinks with a weight, one rotation per chunk: each port gets its whole
+        share of the chunk and the remainder goes one each to the next ports from the rotation's phase
+        (weighted: an exact largest-remainder split of each chunk)."""
         idx = np.flatnonzero(w > 0)
         k = len(idx)
         out = np.zeros(len(w), dtype=np.int64)
-        if mode == "rrdst":
-            chunks = self.rng.multinomial(n, np.full(self.spec.ncpu, 1 / self.spec.ncpu))
-        else:
-            nb = max(1, int(round(n / self.spec.rr_burst)))
-            chunks = self.rng.multinomial(n, np.full(nb, 1 / nb))
         wk = w[idx] / w[idx].sum()
         equal = np.allclose(wk, wk[0])
         for ci, c in enumerate(chunks):
             if equal:
                 base, extra = divmod(int(c), k)
                 out[idx] += base
-                if mode == "rrdst":
+                if keep_phase:
                     key = (flow, ci, k)
                     start = self.phase[key] if key in self.phase else int(self.rng.integers(k))
                     self.phase[key] = (start + extra) % k
-                else:          # rr: the phase is reshuffled by other traffic between bursts
+                else:
                     start = int(self.rng.integers(k))
                 if extra:
                     out[idx[(start + np.arange(extra)) % k]] += 1
-            else:  # weighted: exact largest-remainder split of each rotation chunk
+            else:
                 ideal = c * wk
                 fl = np.floor(ideal).astype(np.int64)
                 rem = int(c - fl.sum())
@@ -289,3 +305,8 @@ def simulate(spec: ModelSpec, pulses: int, fault_from: int = 0) -> dict[str, lis
         for sw, pc in m.step().items():
             out[sw].append(pc)
     return out
+
+
+# How the counter model splits a flow's packets, per spray mode (one function each).
+SPLITS = {SprayMode.RANDOM: FabricModel._split_random, SprayMode.RR: FabricModel._split_rr,
+          SprayMode.RRDST: FabricModel._split_rrdst}

@@ -22,9 +22,9 @@ from agent.detector import DetectorConfig
 from agent.mitigation import MitigationPolicy
 from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
-from netns_testbed.faults import BACKENDS, Backend, FaultSpec, check_backend, parse_fault
+from netns_testbed.faults import Backend, FaultSpec, check_backend, parse_fault
 from netns_testbed.builder import UpOptions
-from netns_testbed.topo import Fabric, FabricSpec, check_prefix
+from netns_testbed.topo import Fabric, FabricSpec, SprayMode, check_prefix
 from workload.launcher import JobSpec, parse_size
 
 
@@ -68,7 +68,7 @@ def parse_scheduled(fabric: Fabric, text: str) -> ScheduledFault:
 @dataclass
 class ExperimentSpec:
     fabric: FabricSpec = field(default_factory=FabricSpec)
-    spray: str = "rrdst"
+    spray: SprayMode = SprayMode.RRDST
     gap_ms: float = 50.0
     job: JobSpec = field(default_factory=JobSpec)
     out_of_service: list[str] = field(default_factory=list)
@@ -110,7 +110,7 @@ class ExperimentSpec:
         return UpOptions(spray=self.spray, gap_ms=self.gap_ms, out_of_service=self.out_of_service)
 
     def to_dict(self) -> dict:
-        return {"fabric": self.fabric.to_dict(), "spray": self.spray, "gap_ms": self.gap_ms,
+        return {"fabric": self.fabric.to_dict(), "spray": self.spray.value, "gap_ms": self.gap_ms,
                 "workload": asdict(self.job), "out_of_service": self.out_of_service,
                 "faults": [f.text for f in self.faults], "detector": self.detector.to_dict(),
                 "seed": self.seed, "prefix": self.prefix, "fault_backend": self.fault_backend.value,
@@ -192,7 +192,7 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
             job_args[name] = typed(job_args[name], kind, f"workload.{name}")
     seed = typed(data.get("seed", 0), int, "seed")
     gap_ms = typed(data.get("gap_ms", 50.0), float, "gap_ms")
-    spray = typed(data.get("spray", "rrdst"), str, "spray")
+    spray = SprayMode.parse(typed(data.get("spray", "rrdst"), str, "spray"))
     try:
         job = JobSpec(**job_args, seed=seed)
         det_data = data.get("detector") or {}
@@ -205,8 +205,8 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
     if not isinstance(oos, list) or not all(isinstance(x, str) for x in oos):
         raise SpecError("out_of_service must be a list of links, e.g. ['leaf0<->spine3']")
     backend_text = typed(data.get("fault_backend", "bpf"), str, "fault_backend")
-    if backend_text not in BACKENDS:
-        raise SpecError(f"bad fault_backend {backend_text!r}: choose {' or '.join(BACKENDS)}")
+    if backend_text not in {b.value for b in Backend}:
+        raise SpecError(f"bad fault_backend {backend_text!r}: choose {' or '.join(b.value for b in Backend)}")
     mit = data.get("mitigation")
     if mit is not None and not isinstance(mit, dict):
         raise SpecError("mitigation must be a mapping ({} for the defaults, or max_per_switch:, min_spines:) or absent")

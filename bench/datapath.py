@@ -138,7 +138,7 @@ def main() -> int:
             links += attach_noop(beds[f"fpbn{h.value[0]}"], h)
         for leaf in beds["fpbcount"].fabric.leaves:  # programs attached, spraying off: kernel ECMP picks
             m = beds["fpbcount"].maps(leaf)
-            m.set_config("off", beds["fpbcount"].state.gap_ms)
+            m.set_config(None, beds["fpbcount"].state.gap_ms)   # spraying off: the kernel routes
             m.close()
         res: dict[str, list] = {k: [] for k in names}
         for _ in range(a.reps):

@@ -39,7 +39,7 @@ from scapy.packet import Raw                    # noqa: E402
 from netns_testbed import datapath as dp, faults  # noqa: E402
 from netns_testbed.bpfmaps import MapSpec, map_create, prog_test_time  # noqa: E402
 from netns_testbed.nsutil import private_netns  # noqa: E402
-from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
+from netns_testbed.topo import Fabric, FabricSpec, SprayMode  # noqa: E402
 
 FABRIC = Fabric(FabricSpec(leaves=2, spines=4, hosts_per_leaf=1))
 H0, H1 = FABRIC.host_ip("h0"), FABRIC.host_ip("h1")
@@ -86,7 +86,7 @@ class Variant:
                     b[b"port_ifindex"][ct.c_int(port)] = ct.c_uint32(100 + port)
             else:                              # redirect targets (a test run redirects nowhere)
                 maps.set_ports([100 + port for port in range(maps.nports)])
-            maps.set_config("rrdst", 1000.0)
+            maps.set_config(SprayMode.RRDST, 1000.0)
             maps.set_spray({}, [])
             if sw == "leaf0":
                 spec = faults.parse_fault(FABRIC, "leaf0->spine1:drop=0")

@@ -32,6 +32,21 @@ def number(low: float | None = None, high: float | None = None, *, above: bool =
     return parse
 
 
+def choice(enum_cls):
+    """A parser for one of an enum's values: the member, so the command gets the type, not a string
+    (argparse's one line naming the choices otherwise). Use with ``choices=list(enum_cls)``."""
+    names = ", ".join(str(m.value) for m in enum_cls)
+
+    def parse(text: str):
+        try:
+            return enum_cls(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid choice {text!r}: choose one of {names}") from None
+
+    parse.__name__ = enum_cls.__name__
+    return parse
+
+
 SECONDS = number(0, above=True)        # a duration or timeout, > 0
 MILLISECONDS = number(0)               # an idle time, >= 0
 RATE = number(0, 1)                    # a loss rate

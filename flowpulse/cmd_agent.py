@@ -8,15 +8,16 @@ import sys
 import threading
 from pathlib import Path
 
+from agent.detector.config import Model
 from agent.privileges import SITE_AGENT_EBPF, SITE_AGENT_NETLINK, TESTBED_AGENT
-from flowpulse.argtypes import PER_SECOND, SECONDS, number
+from flowpulse.argtypes import PER_SECOND, SECONDS, choice, number
 from flowpulse.cmdbase import Formatter, add_common
 
 log = logging.getLogger("flowpulse.agent")
 
 
 def add_detector_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=("analytic", "learned"), default="analytic",
+    p.add_argument("--model", type=choice(Model), choices=list(Model), default=Model.ANALYTIC,
                    help="expected spray shares from the fabric model (analytic, judges from the first pulse) "
                         "or measured in the first pulses and checked against it (learned)")
     p.add_argument("--fa-per-day", type=PER_SECOND, default=1.0,

@@ -7,10 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-from flowpulse.argtypes import MILLISECONDS, PER_SECOND, RATE
+from agent.detector.config import Model
+from flowpulse.argtypes import MILLISECONDS, PER_SECOND, RATE, choice
 from flowpulse.cmdbase import Formatter, add_common, emit
 from flowpulse.cmd_agent import add_detector_args
 from flowpulse.cmd_workload import parse_size
+from netns_testbed.faults import Backend
+from netns_testbed.topo import SprayMode
+from workload.rank import Workload
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,8 +73,8 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leaves", type=int)
     p.add_argument("--spines", type=int)
     p.add_argument("--hosts-per-leaf", type=int)
-    p.add_argument("--spray", choices=("random", "rr", "rrdst"))
-    p.add_argument("--workload", choices=("allreduce", "allgather", "reduce_scatter", "ddp"))
+    p.add_argument("--spray", type=choice(SprayMode), choices=list(SprayMode))
+    p.add_argument("--workload", type=choice(Workload), choices=list(Workload))
     p.add_argument("--size", type=parse_size)
     p.add_argument("--iterations", type=int)
     p.add_argument("--idle-ms", type=MILLISECONDS)
@@ -78,12 +82,12 @@ def add_experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--out-of-service", action="append", default=None, metavar="LINK")
     p.add_argument("--fault", action="append", default=None, metavar="FAULT")
-    p.add_argument("--fault-backend", choices=("bpf", "netem"), default=None,
+    p.add_argument("--fault-backend", type=choice(Backend), choices=list(Backend), default=None,
                    help="what injects the faults: the datapath's BPF injector (default) or the kernel's netem")
     p.add_argument("--mitigate", action="store_true",
                    help="the agents drain the link an incident names (a canary share on the suspect uplink while "
                         "it is localizing: agent/mitigation.py); default: they only report")
-    p.add_argument("--model", choices=("analytic", "learned"))
+    p.add_argument("--model", type=choice(Model), choices=list(Model))
     p.add_argument("--fa-per-day", type=PER_SECOND, help="false-alert budget of the fabric per day (default 1)")
     p.add_argument("--pulse-hz", type=PER_SECOND, help="pulses per second per switch, for the budget (default 1)")
     p.add_argument("--out", type=Path, required=True, help="run directory (new or empty)")

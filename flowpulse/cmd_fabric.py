@@ -5,11 +5,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from flowpulse.argtypes import number
+from agent.site import CounterSource
+from flowpulse.argtypes import choice, number
 from flowpulse.cmdbase import Formatter, add_common, emit, table
 from flowpulse.errors import SpecError
 from netns_testbed.hooks import Hook
-from netns_testbed.topo import SPRAY_MODE_HELP, SPRAY_MODES, FabricSpec
+from netns_testbed.topo import FabricSpec, SprayMode
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                 "  sudo flowpulse fabric up --prefix t2 --leaves 2 --spines 3 --hosts-per-leaf 1\n"
                                 "  sudo flowpulse fabric up --spray random --out-of-service 'leaf0<->spine1'\n"
                                 "  sudo flowpulse fabric up --leaves 16 --spines 16 --hook clsact   # builds faster, runs slower\n"
-                                "spray modes:\n" + "\n".join(f"  {k:7s} {v}" for k, v in SPRAY_MODE_HELP.items()))
+                                "spray modes:\n" + SprayMode.described())
     add_fabric_args(up)
     add_common(up)
     up.add_argument("--dump-bpf", action="store_true", help=argparse.SUPPRESS)
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     who.add_argument("--all", action="store_true", help="every switch, one <switch>.yaml each in --dir")
     ex.add_argument("--out", type=Path, help="with --switch: write here instead of stdout")
     ex.add_argument("--dir", type=Path, help="with --all: an existing directory for the files")
-    ex.add_argument("--counters", choices=("ebpf", "netlink"), default="ebpf",
+    ex.add_argument("--counters", type=choice(CounterSource), choices=list(CounterSource), default=CounterSource.EBPF,
                     help="the counter source the files name (netlink: interface statistics, no BPF)")
     add_common(ex)
     ex.set_defaults(func=cmd_export_site)
@@ -94,7 +95,8 @@ def add_fabric_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spines", type=int, default=4, help="spine switches")
     p.add_argument("--hosts-per-leaf", type=int, default=2, help="hosts under each leaf")
     p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (jumbo up to 9000)")
-    p.add_argument("--spray", choices=SPRAY_MODES, default="rrdst", help="per-packet spray mode at the leaves")
+    p.add_argument("--spray", type=choice(SprayMode), choices=list(SprayMode), default=SprayMode.RRDST,
+                   help="per-packet spray mode at the leaves")
     p.add_argument("--gap-ms", type=number(0, 10000, above=True), default=50.0, help="idle gap (ms) that ends a traffic pulse")
     p.add_argument("--weight", action="append", default=[], metavar="LINK=W",
                    help="spray weight of a leaf->spine uplink (repeatable; default 1)")
@@ -102,7 +104,7 @@ def add_fabric_args(p: argparse.ArgumentParser) -> None:
                    help="leaf<->spine link taken out of spraying and routing (repeatable)")
     p.add_argument("--no-datapath", action="store_true", help="plain kernel ECMP, no eBPF (baseline)")
     p.add_argument("--offloads", action="store_true", help="leave TSO/GSO/GRO on (one skb is then many frames)")
-    p.add_argument("--hook", choices=[str(h) for h in Hook], default=None,
+    p.add_argument("--hook", type=choice(Hook), choices=list(Hook), default=None,
                    help="how the programs attach to ports: tcx links (kernel 6.6+) or tc clsact; "
                         "default: tcx where the kernel has it, else clsact")
 
@@ -122,7 +124,7 @@ def options_from_args(args: argparse.Namespace):
     spec = FabricSpec(leaves=args.leaves, spines=args.spines, hosts_per_leaf=args.hosts_per_leaf, mtu=args.mtu)
     return spec, UpOptions(spray=args.spray, gap_ms=args.gap_ms, weights=weights,
                            out_of_service=args.out_of_service, datapath=not args.no_datapath,
-                           offloads=args.offloads, hook=Hook(args.hook) if args.hook else None)
+                           offloads=args.offloads, hook=args.hook)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

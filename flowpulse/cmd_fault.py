@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 
 from flowpulse.cmdbase import Formatter, add_common, emit, table
-from netns_testbed.faults import BACKENDS
+from flowpulse.argtypes import choice
+from netns_testbed.faults import Backend
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse fault add 'h2->leaf1:blackhole,flap=1/3'\n"
                "  sudo flowpulse fault add --backend netem 'spine1->leaf0:delay=5ms'\n")
     add.add_argument("fault", metavar="FAULT")
-    add.add_argument("--backend", choices=BACKENDS, default="bpf",
+    add.add_argument("--backend", type=choice(Backend), choices=list(Backend), default=Backend.BPF,
                      help="bpf: the datapath's exact injector (all kinds but delay); netem: the kernel's netem "
                           "qdisc (drop, blackhole, corrupt, delay on a whole link), where the kernel has sch_netem")
     add_common(add)
@@ -49,7 +50,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     require_root()
     tb = Testbed.load(args.prefix)
     spec = faults.parse_fault(tb.fabric, args.fault)
-    backend = faults.Backend(args.backend)
+    backend = args.backend
     faults.check_backend(spec, backend)
     replaced = faults.apply(tb, spec, backend=backend)
     emit(args, {"link": spec.link.name, "fault": spec.describe(), "replaced": replaced},

@@ -6,9 +6,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from flowpulse.argtypes import MILLISECONDS, SECONDS
+from flowpulse.argtypes import MILLISECONDS, SECONDS, choice
 from flowpulse.cmdbase import Formatter, add_common, emit
-from workload.rank import WORKLOADS
+from workload.launcher import Placement
+from workload.rank import Workload
 
 
 def parse_size(text: str) -> int:
@@ -23,12 +24,12 @@ def parse_size(text: str) -> int:
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="allreduce", help="collective, or ddp (a real training job)")
+    p.add_argument("--workload", type=choice(Workload), choices=list(Workload), default=Workload.ALLREDUCE, help="collective, or ddp (a real training job)")
     p.add_argument("--size", type=parse_size, default=4 << 20, help="bytes per collective / gradient (e.g. 4MiB)")
     p.add_argument("--iterations", type=int, default=20, help="iterations (one traffic pulse each)")
     p.add_argument("--idle-ms", type=MILLISECONDS, default=300.0, help="idle/compute phase between iterations")
     p.add_argument("--ranks", type=int, default=None, help="ranks (default: one per host)")
-    p.add_argument("--placement", choices=("interleaved", "contiguous"), default="interleaved",
+    p.add_argument("--placement", type=choice(Placement), choices=list(Placement), default=Placement.INTERLEAVED,
                    help="interleaved: rank r on leaf r %% L (every leaf-spine link used)")
     p.add_argument("--gloo-timeout", type=SECONDS, default=30.0, help="gloo timeout, seconds")
     p.add_argument("--deadline", type=SECONDS, default=None, help="wall-clock limit for the whole job, seconds")

@@ -28,7 +28,7 @@ from netns_testbed.hooks import Hook
 from netns_testbed.nsutil import (NETNS_RUN_DIR, in_netns, iproute, kill_pids, pids_in_netns, require_root, set_offloads,
                                   sysctl)
 from netns_testbed.state import RUN_DIR, Testbed, TestbedState, prefix_lock, remove_prefix_lock, state_dir, write_state
-from netns_testbed.topo import SPRAY_MODES, Fabric, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
+from netns_testbed.topo import Fabric, SprayMode, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
 
 log = logging.getLogger("flowpulse.testbed")
 OFFLOADS = ("tso", "gso", "gro")
@@ -39,7 +39,7 @@ class UpOptions:
     """How to build: spray mode, pulse gap, weights, known-bad links, offloads, the programs' hook
     (None: tcx where the kernel has it, else tc clsact)."""
 
-    spray: str = "rrdst"
+    spray: SprayMode = SprayMode.RRDST
     gap_ms: float = 50.0
     weights: dict[str, float] | None = None
     out_of_service: list[str] | None = None
@@ -47,9 +47,10 @@ class UpOptions:
     offloads: bool = False
     hook: Hook | None = None
 
+    def __post_init__(self) -> None:
+        self.spray = SprayMode.parse(self.spray)      # a Python caller may name it by its value
+
     def validate(self, fabric: Fabric) -> None:
-        if self.spray not in SPRAY_MODES:
-            raise SpecError(f"unknown spray mode {self.spray!r}: choose one of {', '.join(SPRAY_MODES)}")
         if not 1.0 <= self.gap_ms <= 10_000:
             raise SpecError(f"bad pulse gap {self.gap_ms} ms: must be in [1, 10000]")
         for name, w in (self.weights or {}).items():
@@ -111,7 +112,7 @@ def _up_locked(prefix: str, spec: FabricSpec, fabric: Fabric, opts: UpOptions,
     state = TestbedState(prefix=prefix, fabric=spec.to_dict(), spray=opts.spray, gap_ms=opts.gap_ms,
                          weights=dict(opts.weights or {}), out_of_service=list(opts.out_of_service or []),
                          datapath=opts.datapath, status="building", created=time.time(),
-                         hook=str(opts.hook or Hook.CLSACT))
+                         hook=opts.hook or Hook.CLSACT)
     try:
         write_state(state)
         say(f"creating {len(fabric.nodes)} namespaces")
@@ -237,7 +238,7 @@ def _attach_datapath(prefix: str, fabric: Fabric, state: TestbedState, ifindexes
     if r.returncode != 0:
         raise EnvironmentProblem(f"cannot mount bpffs at {bpffs} ({r.stderr.strip()}): the kernel needs CONFIG_BPF_SYSCALL")
     tb = Testbed(state)
-    hook = Hook(state.hook)
+    hook = state.hook
     loader = dp.Loader()          # one compile per program shape: the leaves share one, the spines another
     for sw in fabric.switches:
         prog = loader.load(dp.SwitchShape.of(fabric, sw))
@@ -325,7 +326,7 @@ def status(prefix: str) -> dict:
         out.update({"status": tb.state.status, "fabric": tb.state.fabric, "spray": tb.state.spray,
                     "gap_ms": tb.state.gap_ms, "out_of_service": tb.state.out_of_service,
                     "drained": tb.state.drained, "faults": sorted(tb.state.faults), "datapath": tb.state.datapath,
-                    "hook": Hook(tb.state.hook).label if tb.state.datapath else None, "kernel": os.uname().release,
+                    "hook": tb.state.hook.label if tb.state.datapath else None, "kernel": os.uname().release,
                     "expected_namespaces": len(tb.fabric.nodes)})
         out["healthy"] = len(names) == len(tb.fabric.nodes)
     except StateError as e:
@@ -333,10 +334,9 @@ def status(prefix: str) -> dict:
     return out
 
 
-def set_spray_mode(tb: Testbed, mode: str) -> None:
+def set_spray_mode(tb: Testbed, mode: SprayMode) -> None:
     """Switch every leaf's spray mode live (the programs read it per packet)."""
-    if mode not in SPRAY_MODES:
-        raise SpecError(f"unknown spray mode {mode!r}: choose one of {', '.join(SPRAY_MODES)}")
+    mode = SprayMode.parse(mode)
     with tb.locked():
         for leaf in tb.fabric.leaves:
             m = tb.maps(leaf)

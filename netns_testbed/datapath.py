@@ -33,7 +33,7 @@ from netns_testbed.bpfmaps import (MapSpec, PinnedArray, RingWakeups, map_create
                                    patch_map_fds, prog_load)
 from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.nsutil import iproute
-from netns_testbed.topo import Fabric, Link, node_kind, node_num
+from netns_testbed.topo import Fabric, Link, SprayMode, node_kind, node_num
 
 BPF_DIR = Path(__file__).with_name("bpf")
 SRC = BPF_DIR / "switch.c"
@@ -41,7 +41,8 @@ SRC = BPF_DIR / "switch.c"
 KINDS = ("tcp_data", "tcp_ctrl", "other_ip", "non_ip", "bad_hdr")
 NKIND = len(KINDS)
 DIRS = ("in", "out")
-SPRAY_CODES = {"off": 0, "random": 1, "rr": 2, "rrdst": 3}
+SPRAY_OFF = 0                      # FP_SPRAY_OFF: plain kernel routing
+SPRAY_CODES: dict[SprayMode, int] = {SprayMode.RANDOM: 1, SprayMode.RR: 2, SprayMode.RRDST: 3}   # FP_SPRAY_<NAME>
 SPRAY_SLOTS = 256
 IFINDEX_SLOTS = 1024      # a port's interface index in its namespace is below this (switch.h)
 FAULT_NONE, FAULT_DROP, FAULT_CORRUPT = 0, 1, 2
@@ -149,8 +150,8 @@ C_CONSTANTS: dict[str, int] = {
     "FP_KIND_TCP_DATA": KINDS.index("tcp_data"), "FP_KIND_TCP_CTRL": KINDS.index("tcp_ctrl"),
     "FP_KIND_OTHER": KINDS.index("other_ip"), "FP_KIND_NONIP": KINDS.index("non_ip"),
     "FP_KIND_BADHDR": KINDS.index("bad_hdr"), "FP_NKIND": NKIND,
-    "FP_SPRAY_OFF": SPRAY_CODES["off"], "FP_SPRAY_RANDOM": SPRAY_CODES["random"], "FP_SPRAY_RR": SPRAY_CODES["rr"],
-    "FP_SPRAY_RRDST": SPRAY_CODES["rrdst"], "FP_SPRAY_SLOTS": SPRAY_SLOTS, "FP_IFINDEX_SLOTS": IFINDEX_SLOTS,
+    "FP_SPRAY_OFF": SPRAY_OFF, **{f"FP_SPRAY_{mode.name}": code for mode, code in SPRAY_CODES.items()},
+    "FP_SPRAY_SLOTS": SPRAY_SLOTS, "FP_IFINDEX_SLOTS": IFINDEX_SLOTS,
     "FP_FAULT_NONE": FAULT_NONE, "FP_FAULT_DROP": FAULT_DROP, "FP_FAULT_CORRUPT": FAULT_CORRUPT,
     "FP_PROB_ONE": PROB_ONE, "FP_ALL": FLOW_ALL,
     "FP_PULSE_TIME_BITS": PULSE_TIME_BITS, "FP_PULSE_UNIT_SHIFT": PULSE_UNIT_SHIFT,
@@ -689,13 +690,13 @@ class SwitchMaps(CounterMaps):
         p = self.fabric.ports[self.switch][port]
         return net_u32(self.fabric.ports[p.peer][p.peer_index].address.ip)
 
-    def set_config(self, mode: str, gap_ms: float, sink: int | None = None) -> None:
-        """Spray mode and pulse gap; ``sink``: the ifindex injected drops go to (builder.py makes one per
-        switch; None keeps the one set)."""
+    def set_config(self, mode: SprayMode | None, gap_ms: float, sink: int | None = None) -> None:
+        """Spray mode (None: spraying off, the kernel routes: a bench's baseline) and pulse gap; ``sink``:
+        the ifindex injected drops go to (builder.py makes one per switch; None keeps the one set)."""
         units = max(1, int(round(gap_ms * 1e6 / PULSE_UNIT_NS)))
         if sink is None:
             sink = self.maps["config"].get(0).sink
-        self.maps["config"].set(0, Config(SPRAY_CODES[mode], units, self.shape.leaf_class, self.shape.nuplinks,
+        self.maps["config"].set(0, Config(SPRAY_OFF if mode is None else SPRAY_CODES[mode], units, self.shape.leaf_class, self.shape.nuplinks,
                                            self.shape.nhosts, sink))
 
     def set_spray(self, weights: dict[str, float], out_of_service: list[Link]) -> None:
@@ -773,16 +774,21 @@ def smooth_wrr(weighted: list[tuple[int, float]], slots: int = SPRAY_SLOTS) -> l
     return table
 
 
-def fault_struct(kind: str, rate: float, src: str | None = None, dst: str | None = None,
-                 flow_frac: float = 1.0, period_s: float = 0.0, on_s: float = 0.0) -> Fault:
-    """Build the kernel's fault record (``kind``: drop, corrupt or blackhole)."""
+def fault_struct(action: int, rate: float, src: ipaddress.IPv4Network | None = None,
+                 dst: ipaddress.IPv4Network | None = None, flow_frac: float = 1.0, period_s: float = 0.0,
+                 on_s: float = 0.0) -> Fault:
+    """The kernel's fault record: ``action`` FAULT_DROP or FAULT_CORRUPT (FP_FAULT_*) on a share ``rate``
+    of the packets from ``src`` to ``dst`` in a share ``flow_frac`` of the flows, flapping with
+    ``period_s``/``on_s`` (netns_testbed.faults.kernel_record makes one from a FaultSpec)."""
+    if action not in (FAULT_DROP, FAULT_CORRUPT):
+        raise ValueError(f"no injector action {action}")
     f = Fault()
-    f.kind = {"drop": FAULT_DROP, "blackhole": FAULT_DROP, "corrupt": FAULT_CORRUPT}[kind]
-    f.prob = PROB_ONE if kind == "blackhole" or rate >= 1.0 else int(round(rate * PROB_ONE))
+    f.kind = action
+    f.prob = PROB_ONE if rate >= 1.0 else int(round(rate * PROB_ONE))
     if src or dst:
         f.match_ip = 1
         for which, net in (("src", src), ("dst", dst)):
-            n = ipaddress.IPv4Network(net or "0.0.0.0/0", strict=False)
+            n = net or ipaddress.IPv4Network("0.0.0.0/0")
             setattr(f, f"{which}_net", net_u32(n.network_address))
             setattr(f, f"{which}_mask", net_u32(n.netmask))
     f.flow_frac = FLOW_ALL if flow_frac >= 1.0 else int(flow_frac * FLOW_ALL)

@@ -249,15 +249,19 @@ def check_backend(spec: FaultSpec, backend: Backend) -> None:
                             "netem does drop, blackhole, corrupt and delay on a whole link; use --backend bpf")
 
 
+# What the BPF injector does to a packet a fault selects, per kind (FP_FAULT_*, checked against bpf/switch.h
+# by the contract); the share it selects is the spec's effective_rate (a blackhole and a partial fault: all
+# of it). Delay is netem's alone (check_backend refuses it first).
+INJECTOR_ACTION = {FaultKind.DROP: dp.FAULT_DROP, FaultKind.BLACKHOLE: dp.FAULT_DROP, FaultKind.PARTIAL: dp.FAULT_DROP,
+                   FaultKind.CORRUPT: dp.FAULT_CORRUPT}
+
+
 def kernel_record(spec: FaultSpec) -> dp.Fault:
-    """The BPF injector's record of a fault (the ``faults`` map's fp_fault)."""
+    """The BPF injector's record of a fault (the ``faults`` map's fp_fault), from the parsed spec."""
     check_backend(spec, Backend.BPF)
-    kind = "blackhole" if spec.kind is FaultKind.PARTIAL else spec.kind.value
-    period = spec.flap_on_s + spec.flap_off_s
-    return dp.fault_struct(kind, spec.effective_rate,
-                           src=str(spec.src.network) if spec.src else None,
-                           dst=str(spec.dst.network) if spec.dst else None,
-                           flow_frac=spec.flows, period_s=period, on_s=spec.flap_on_s)
+    return dp.fault_struct(INJECTOR_ACTION[spec.kind], spec.effective_rate,
+                           src=spec.src.network if spec.src else None, dst=spec.dst.network if spec.dst else None,
+                           flow_frac=spec.flows, period_s=spec.flap_on_s + spec.flap_off_s, on_s=spec.flap_on_s)
 
 
 def netem_params(spec: FaultSpec) -> list[str]:

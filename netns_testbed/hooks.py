@@ -13,28 +13,17 @@ links' descriptors, so a killed agent leaves nothing attached.
 from __future__ import annotations
 
 import os
-from enum import Enum
 
 from netns_testbed import bpfmaps
 from netns_testbed.errors import EnvironmentProblem
+from netns_testbed.topo import Hook
 
 DIRECTIONS = ("ingress", "egress")
 TCX_ATTACH = {"ingress": bpfmaps.BPF_TCX_INGRESS, "egress": bpfmaps.BPF_TCX_EGRESS}
 CLSACT_PARENT = {"ingress": "ffff:fff2", "egress": "ffff:fff3"}
 CLSACT_PARENT_ID = {"ingress": 0xFFFFFFF2, "egress": 0xFFFFFFF3}
 
-
-class Hook(str, Enum):
-    TCX = "tcx"
-    CLSACT = "clsact"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def label(self) -> str:
-        """As ``fabric status`` shows it."""
-        return "tcx" if self is Hook.TCX else "tc clsact"
+__all__ = ["Hook", "attach_clsact", "attach_tcx", "choose"]   # Hook: the vocabulary's (netns_testbed.topo)
 
 
 def choose(want: Hook | None) -> Hook:

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from netns_testbed.errors import StateError
 from netns_testbed.safefiles import write_atomic
-from netns_testbed.topo import Fabric, Link, SprayChange, check_prefix, namespace
+from netns_testbed.topo import Fabric, Hook, Link, SprayChange, SprayMode, check_prefix, namespace
 
 RUN_DIR = Path(os.environ.get("FLOWPULSE_RUN_DIR", "/run/flowpulse"))
 
@@ -31,7 +31,7 @@ class TestbedState:
 
     prefix: str
     fabric: dict
-    spray: str = "rrdst"
+    spray: SprayMode = SprayMode.RRDST
     gap_ms: float = 50.0
     weights: dict[str, float] = field(default_factory=dict)
     out_of_service: list[str] = field(default_factory=list)
@@ -39,10 +39,15 @@ class TestbedState:
     status: str = "building"
     created: float = 0.0
     faults: dict[str, dict] = field(default_factory=dict)
-    hook: str = "clsact"      # how the switch programs are attached (netns_testbed.hooks.Hook)
+    hook: Hook = Hook.CLSACT  # how the switch programs are attached
     drained: list[str] = field(default_factory=list)    # taken out of service while up (netns_testbed.drain)
     epoch: int = 0                                      # spray changes so far
     changes: list[dict] = field(default_factory=list)   # the latest ones (SprayChange as a dict), oldest first
+
+    def __post_init__(self) -> None:
+        # the state file holds their values: typed here, once, for every reader
+        self.spray = SprayMode.parse(self.spray)
+        self.hook = Hook(self.hook)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

@@ -42,8 +42,13 @@ NODE_RE = re.compile(r"^(h|leaf|spine)(\d+)$")
 class SprayMode(str, Enum):
     """How a leaf picks the uplink of each packet (what the datapath implements).
 
-    A ``str`` enum: it compares equal to its name, so state files and flags keep
-    plain strings; code that decides by mode takes the enum.
+    A ``str`` enum, written by its value in files and flags; parsed once where it comes in (argparse
+    through :func:`flowpulse.argtypes.choice`, files through :meth:`parse`) and carried as the member
+    to the datapath's code (``datapath.SPRAY_CODES``, checked against ``bpf/switch.h``), the detector's
+    noise model (``agent.detector.noise.SPRAY_NOISE``) and the counter model's split
+    (``analysis.model.FabricModel``). Adding a mode: a member here with its help, its ``FP_SPRAY_*``
+    constant and code, its spray in ``switch.c``, its noise entry and its split;
+    tests/test_contract.py and tests/test_vocabulary.py fail until each is there.
     """
 
     RANDOM = "random"   # uniform random uplink per packet: multinomial split
@@ -53,6 +58,10 @@ class SprayMode(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def help(self) -> str:
+        return _SPRAY_HELP[self]
+
     @classmethod
     def parse(cls, text: "str | SprayMode") -> "SprayMode":
         try:
@@ -60,12 +69,32 @@ class SprayMode(str, Enum):
         except ValueError:
             raise SpecError(f"unknown spray mode {text!r}: choose one of {', '.join(m.value for m in cls)}") from None
 
+    @classmethod
+    def described(cls) -> str:
+        """Every mode with its help, one per line (for --help epilogs)."""
+        return "\n".join(f"  {m.value:7s} {m.help}" for m in cls)
 
-SPRAY_MODES = tuple(m.value for m in SprayMode)
-SPRAY_MODE_HELP = {
-    "random": "uniform random uplink per packet",
-    "rr": "round-robin, one rotation per CPU",
-    "rrdst": "round-robin, one rotation per (CPU, destination leaf): exact per-destination split",
+
+class Hook(str, Enum):
+    """How a switch's programs are attached to its ports: tcx links (kernel 6.6+) or tc clsact filters
+    (netns_testbed.hooks attaches them)."""
+
+    TCX = "tcx"
+    CLSACT = "clsact"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def label(self) -> str:
+        """As ``fabric status`` shows it."""
+        return "tcx" if self is Hook.TCX else "tc clsact"
+
+
+_SPRAY_HELP = {
+    SprayMode.RANDOM: "uniform random uplink per packet",
+    SprayMode.RR: "round-robin, one rotation per CPU",
+    SprayMode.RRDST: "round-robin, one rotation per (CPU, destination leaf): exact per-destination split",
 }
 
 

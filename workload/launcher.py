@@ -25,10 +25,23 @@ from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed.topo import Fabric
 from netns_testbed.nsutil import kill_pids
 from netns_testbed.state import Testbed
+from enum import Enum
+
 from workload.rank import WORKLOADS
 
 log = logging.getLogger("flowpulse.workload")
-PLACEMENTS = ("interleaved", "contiguous")
+class Placement(str, Enum):
+    """Where rank r runs: interleaved (rank r on leaf r mod L: every leaf-spine link carries the ring)
+    or contiguous (ranks fill a leaf's hosts first)."""
+
+    INTERLEAVED = "interleaved"
+    CONTIGUOUS = "contiguous"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PLACEMENTS = tuple(p.value for p in Placement)
 
 
 def parse_size(text: str | int) -> int:

@@ -17,11 +17,24 @@ import struct
 import sys
 import time
 import traceback
+from enum import Enum
 from pathlib import Path
 
 from netns_testbed.nsutil import parse_mib
 
-WORKLOADS = ("allreduce", "allgather", "reduce_scatter", "ddp")
+class Workload(str, Enum):
+    """What each rank runs: one collective per iteration, or a small DDP training step."""
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    REDUCE_SCATTER = "reduce_scatter"
+    DDP = "ddp"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+WORKLOADS = tuple(w.value for w in Workload)
 
 
 # Ethernet 14 + IPv4 20 + TCP 20 + timestamp option 12: every gloo segment's headers.

@@ -6,8 +6,20 @@ lengths and thresholds), ``evidence`` (CUSUM banks, reverse test), ``noise``
 class per test), ``alerts`` (typed alerts, the book of open ones), ``switch``
 (the SwitchDetector composing them).
 """
-from agent.detector.alerts import Alert
-from agent.detector.config import DetectorConfig, Model
-from agent.detector.switch import SwitchDetector
+from __future__ import annotations
+
+from importlib import import_module
+
+# Loaded when first asked for (PEP 562), so that the CLI can take ``Model`` from ``config`` for its
+# flags without importing the detector's numerical modules.
+_NAMES = {"Alert": "agent.detector.alerts", "DetectorConfig": "agent.detector.config",
+          "Model": "agent.detector.config", "SwitchDetector": "agent.detector.switch"}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(import_module(_NAMES[name]), name)
+    raise AttributeError(f"module 'agent.detector' has no attribute {name!r}")
 
 __all__ = ["Alert", "DetectorConfig", "Model", "SwitchDetector"]

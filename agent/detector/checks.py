@@ -87,10 +87,8 @@ from netns_testbed.topo import Fabric, Link, SprayMode, node_num
 # in this testbed's live 4 MiB runs: prior 0.03.
 RR_CLASSES = 6
 RR_PRIOR = [1.0, 1.0, 0.03, 0.03, 0.03, 0.03]
-PEER_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: RR_PRIOR, SprayMode.RRDST: 2.0}
 # Spine in/out balance, u = in + expected: random 1 (binomial shares on both sides); rr and rrdst:
 # retransmission differences between leaves, 0.041 and 0.028 in the traces: the prior is 0.06.
-SPINE_PRIOR = {SprayMode.RANDOM: 1.0, SprayMode.RR: 0.06, SprayMode.RRDST: 0.06}
 # Host egress surplus, u = out + mean of the others / (n - 1): spurious retransmission bursts as in the
 # spine balance, at any spray mode; the prior is 0.1. The noise is a compound of bursts: most pulses
 # differ by 0-2 packets, a few by 40-60 (live, leaf1 -> h2, 2 MiB, busy machine). Learned from the
@@ -130,8 +128,31 @@ GROSS_SHARE = 0.2
 # per segment expected in cells with no resent segment, and per resent segment on top.
 # Per spray mode: rrdst the live mean (0.0033); rr the peer test's live factor of large flows (one
 # rotation per CPU, the same quantisation); random the multinomial's 1 - w at most.
-SPAN_PRIOR_E = {SprayMode.RRDST: 0.0033, SprayMode.RR: 0.03, SprayMode.RANDOM: 1.0}
 SPAN_PRIOR_R = 4.8
+
+
+@dataclass(frozen=True)
+class SprayNoise:
+    """What a spray mode's split of a source's packets over the uplinks means for the null variance of the
+    tests (the comments above give each figure's source). One entry per mode in SPRAY_NOISE."""
+
+    peer_prior: float | list[float]   # the peer test's noise factor; a list: per flow-size class (rr_class)
+    spine_prior: float                # the spine balance's
+    span_prior: float                 # the same-packet reference's, per segment expected (SPAN_PRIOR_E)
+    rotations: bool                   # a round-robin per (CPU, destination): rotation quantisation (rrdst_unit),
+                                      # not the multinomial w (1 - w) n
+
+    @property
+    def size_classes(self) -> bool:
+        return isinstance(self.peer_prior, list)
+
+
+SPRAY_NOISE = {
+    SprayMode.RANDOM: SprayNoise(peer_prior=1.0, spine_prior=1.0, span_prior=1.0, rotations=False),
+    SprayMode.RR: SprayNoise(peer_prior=RR_PRIOR, spine_prior=0.06, span_prior=0.03, rotations=False),
+    SprayMode.RRDST: SprayNoise(peer_prior=2.0, spine_prior=0.06, span_prior=0.0033, rotations=True),
+}
+SPAN_PRIOR_E = {mode: n.span_prior for mode, n in SPRAY_NOISE.items()}
 BALANCE, SPAN = Reference.BALANCE, Reference.SPAN
 # The alarm's explain-away walks at most this many predecessors back (two retransmitting leaves in a
 # row; each hop adds a gap's noise to the partial sums whose least it takes).
@@ -157,8 +178,8 @@ def rrdst_unit(w: np.ndarray, rotations: int) -> np.ndarray:
 
 def peer_prior(spray: SprayMode, n: float) -> float:
     """The prior noise factor of a peer cell of a flow of n packets."""
-    prior = PEER_PRIOR[spray]
-    return float(prior[int(rr_class(n))]) if spray is SprayMode.RR else float(prior)
+    noise = SPRAY_NOISE[spray]
+    return float(noise.peer_prior[int(rr_class(n))]) if noise.size_classes else float(noise.peer_prior)
 
 
 @dataclass
@@ -268,7 +289,8 @@ class PeerCheck:
         self.set_shares(weights, oos)
         self.shape = (L, S)
         self.port_of_cell = np.broadcast_to(np.arange(S), self.shape)   # uplink k is port k
-        self.noise = NoiseModel(PEER_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
+        self.spray_noise = SPRAY_NOISE[spray]
+        self.noise = NoiseModel(self.spray_noise.peer_prior, cfg.prior_dof, VAR_FLOOR)
         self.rot = cfg.rotations_or_cpus
         # learned model: per source, packets per uplink and in total, and pulses measured
         self.learn_c = np.zeros((L, S))
@@ -280,7 +302,7 @@ class PeerCheck:
         # uplink k) the spray share of a's flows' spans through spine k against the new bytes that came in
         # on uplink k. A loss on ``leafa->spinek`` or on ``spinek->thisleaf`` reads the same here; spine
         # k's own reference tells the two apart (agent.incidents settles an ambiguous alert with both).
-        self.path_noise = SpanNoise(SPAN_PRIOR_E[spray], SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
+        self.path_noise = SpanNoise(self.spray_noise.span_prior, SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
         self.path_ledger = Ledger(L * S, reference=SPAN)           # cell a * S + k
         self.path_resent = ResentLevel((L, S))
 
@@ -339,11 +361,11 @@ class PeerCheck:
         w = self.shares()
         wq = w * (1.0 - w)
         s = wq * n
-        u = s if self.spray is not SprayMode.RRDST else rrdst_unit(w, self.rot) * self.sources_per_cell
+        u = rrdst_unit(w, self.rot) * self.sources_per_cell if self.spray_noise.rotations else s
         mask = self.usable & ready[:, None] & (wq > 0)
         u = np.where(mask, u, 1.0)
         cls = 0
-        if self.spray is SprayMode.RR:
+        if self.spray_noise.size_classes:
             cls = np.broadcast_to(rr_class(n), self.shape)
         self.last = Samples(w * n - c, u, s, mask, w * n, c, cls)
         if pc.span is not None:
@@ -376,8 +398,8 @@ class PeerCheck:
         n = self.learn_n[a]
         wq = wm * (1 - wm)
         deficit = wm * n - self.learn_c[a]
-        u = wq * n if self.spray is not SprayMode.RRDST else rrdst_unit(wm, self.rot) * self.cfg.learn_pulses
-        var = self.noise.variance(u, 0 if self.spray is not SprayMode.RR else rr_class(n / self.cfg.learn_pulses))
+        u = rrdst_unit(wm, self.rot) * self.cfg.learn_pulses if self.spray_noise.rotations else wq * n
+        var = self.noise.variance(u, rr_class(n / self.cfg.learn_pulses) if self.spray_noise.size_classes else 0)
         z = deficit / np.sqrt(var)
         for k in np.flatnonzero(self.usable[a]):
             rate = deficit[k] / (wq[k] * n) if wq[k] * n > 0 else 0.0
@@ -483,8 +505,8 @@ class SpineCheck:
         self.shape = (L,)
         self.port_of_cell = np.arange(L)                                # port a faces leaf a
         self._held: Samples | None = None                               # the pulse waiting for its successor
-        self.noise = NoiseModel(SPINE_PRIOR[spray], cfg.prior_dof, VAR_FLOOR)
-        self.span_noise = SpanNoise(SPAN_PRIOR_E[spray], SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
+        self.noise = NoiseModel(SPRAY_NOISE[spray].spine_prior, cfg.prior_dof, VAR_FLOOR)
+        self.span_noise = SpanNoise(SPRAY_NOISE[spray].span_prior, SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
         self.ledger = Ledger(L, reference=BALANCE)                      # the owner's verdict evidence, per port
         self.resent = ResentLevel((L,))
 
