@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Callable, TextIO
 
 from agent.deployment import Deployment, of_testbed
 from agent.detector import Alert, DetectorConfig, SwitchDetector
-from agent.detector.switch import STATE_SCHEMA, ForeignState
+from agent.detector.alerts import AlertEvent
+from agent.detector.persistence import STATE_SCHEMA, ForeignState
 from agent.incidents import IncidentTracker, LocalEvidence, VerdictFiles, write_verdicts
 from agent.pulse import PulseCounts
 from agent.reader import testbed_reader
@@ -227,7 +228,7 @@ class SwitchAgent:
             self._rec.write(json.dumps(rec) + "\n")
             self._rec.flush()
         for ev in events:
-            self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event == "alert")
+            self.alerts_total[ev.kind] = self.alerts_total.get(ev.kind, 0) + (ev.event is AlertEvent.ALERT)
             d = ev.to_dict()
             log.warning("%s %s: port %d (%s) %s link=%s candidates=%s rate=%.4f score=%.2f window=%d",
                         ev.event, ev.kind, ev.port, ev.ifname, ev.switch, ev.link, ",".join(ev.candidates),
@@ -416,7 +417,7 @@ def _catch_up(a: SwitchAgent, tracker: IncidentTracker | None, publish: Callable
         if tracker is not None:
             for ev in events:
                 with tracker.lock:
-                    publish(tracker.feed(ev.to_dict(), now=time.time()))
+                    publish(tracker.feed(ev, now=time.time()))
         if a.pulses == n:
             break
         read += 1

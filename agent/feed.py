@@ -165,7 +165,7 @@ class Judge:
             if "iter" in pc.meta:
                 d["iteration"] = pc.meta["iter"]
             alerts.append(d)
-            incidents += self.tracker.feed(d, now=pc.end_time)
+            incidents += self.tracker.feed(a, now=pc.end_time)
         if self.tracker.alerts:
             incidents += self.tracker.tick(pc.end_time)
         return alerts, incidents

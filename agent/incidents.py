@@ -44,6 +44,7 @@ from typing import Callable, Protocol
 
 from agent import verdictauth
 from agent.detector import SwitchDetector
+from agent.detector.alerts import Alert, AlertEvent, AlertKind, CheckKind
 from agent.detector.verdict import (Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from, path_evidence,
                                    settle)
 from netns_testbed import untrusted
@@ -72,11 +73,11 @@ class LocalEvidence:
 
     def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
         det = self.detectors().get(owner)
-        return det.owned_evidence(link, since, loss) if det is not None else None
+        return det.owner.owned_evidence(link, since, loss) if det is not None else None
 
     def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
         det = self.detectors().get(leaf)
-        return det.path_evidence(name, since) if det is not None else None
+        return det.owner.path_evidence(name, since) if det is not None else None
 
 
 class ExportedVerdicts:
@@ -213,11 +214,11 @@ def write_verdicts(directory: Path, det: SwitchDetector, key: bytes | None = Non
 
 def verdict_document(det: SwitchDetector, key: bytes | None = None) -> str | None:
     """A detector's verdict evidence as the JSON text of its verdict file (None if it gives none)."""
-    if det.ledger is None:
+    if det.owner.ledger is None:
         return None
-    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.ledger.ncells,
-         "reference": str(det.ledger.reference), "cells": det.owned_cells(), "ledger": det.ledger.state(),
-         "open_links": sorted(det.open_loss_links())}
+    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.owner.ledger.ncells,
+         "reference": str(det.owner.ledger.reference), "cells": det.owner.owned_cells(), "ledger": det.owner.ledger.state(),
+         "open_links": sorted(det.owner.open_loss_links())}
     return json.dumps(verdictauth.sign(key, d) if key is not None else d)
 
 
@@ -236,8 +237,8 @@ class Incident:
     incident_id: str
     link: str | None
     candidates: list[str]
-    kind: str
-    alerts: dict[str, dict]           # alert id -> its latest event
+    kind: AlertKind
+    alerts: dict[str, Alert]          # alert id -> its latest event
     first_time: float
     how: str
     evidence: dict = field(default_factory=dict)
@@ -262,10 +263,10 @@ class Incident:
         return {"event": event, "incident_id": self.incident_id, "time": now, "state": self.state if event != "resolved"
                 else "resolved", "link": self.link, "candidates": list(self.candidates), "domain": self.domain,
                 "kind": self.kind,
-                "estimated_rate": round(max((a["estimated_rate"] for a in als), default=self.rate), 6),
-                "onset_time": min((a.get("onset_time") or a["time"] for a in als), default=self.first_time),
+                "estimated_rate": round(max((a.estimated_rate for a in als), default=self.rate), 6),
+                "onset_time": min((a.onset_time or a.time for a in als), default=self.first_time),
                 "first_time": self.first_time, "alerts": sorted(self.alerts),
-                "switches": sorted({a["switch"] for a in als}), "how": self.how, "evidence": self.evidence,
+                "switches": sorted({a.switch for a in als}), "how": self.how, "evidence": self.evidence,
                 **({"reporter": reporter} if reporter else {})}
 
 
@@ -276,7 +277,7 @@ class IncidentTracker:
         self.fabric = fabric
         self.source = evidence
         self.reporter = reporter
-        self.alerts: dict[str, dict] = {}                 # open alert id -> latest event
+        self.alerts: dict[str, Alert] = {}                # open alert id -> latest event
         self.decided: dict[str, Attribution] = {}         # alert id -> a settled ambiguity (sticky)
         self.incidents: dict[str, Incident] = {}
         # an ambiguous alert that resolved before its owner's verdict came in -> the spans it was open
@@ -287,37 +288,40 @@ class IncidentTracker:
         self.lock = threading.RLock()                     # the poll loop feeds, metrics scrapes read
 
     # -- input ---------------------------------------------------------------------------
-    def feed(self, event: dict, now: float | None = None) -> list[dict]:
-        aid = event["alert_id"]
-        if event["event"] == "resolved":
+    def feed(self, event: Alert | dict, now: float | None = None) -> list[dict]:
+        """One alert event (a dict: one read back from a file, typed here)."""
+        if not isinstance(event, Alert):
+            event = Alert.from_dict(event)
+        aid = event.alert_id
+        if event.event is AlertEvent.RESOLVED:
             was = self.alerts.pop(aid, None)
-            if was is not None and aid not in self.decided and not was.get("link"):
+            if was is not None and aid not in self.decided and not was.link:
                 key = _burst_key(was)
-                end = float(event.get("pulse_start") or event["time"])
+                end = float(event.pulse_start or event.time)
                 self.bursts[key] = [s for s in self.bursts.get(key, []) if s[1] > end - BURST_MEMORY_S] + \
                     [(_onset(was), end)]
             self.decided.pop(aid, None)
         else:
             self.alerts[aid] = event
-        return self.tick(event["time"] if now is None else now)
+        return self.tick(event.time if now is None else now)
 
     # -- attribution of one alert -----------------------------------------------------------
-    def attribute(self, a: dict) -> Attribution:
-        if a.get("link"):
-            return Attribution(a["link"], [a["link"]], f"named by {a['switch']}")
-        cands = list(a.get("candidates") or [])
-        if a["alert_id"] in self.decided:
-            return self.decided[a["alert_id"]]
-        if (a.get("evidence") or {}).get("test") == "host":
+    def attribute(self, a: Alert) -> Attribution:
+        if a.link:
+            return Attribution(a.link, [a.link], f"named by {a.switch}")
+        cands = list(a.candidates or [])
+        if a.alert_id in self.decided:
+            return self.decided[a.alert_id]
+        if a.test is CheckKind.HOST:
             return self._host(a, cands)
         ups = [self.fabric.parse_link(c) for c in cands if node_kind(self.fabric.parse_link(c).dst) == "spine"]
         downs = [c for c in cands if node_kind(self.fabric.parse_link(c).dst) != "spine"]
         if len(ups) != 1 or len(downs) != 1:
             return Attribution(None, cands, "ambiguous: " + " or ".join(cands))
         up, down = ups[0], downs[0]
-        rate = float(a["estimated_rate"])
+        rate = float(a.estimated_rate)
         window = self.bursts.get(_burst_key(a), []) + [(_onset(a), math.inf)]
-        path = self._path(up, a["switch"], window)
+        path = self._path(up, a.switch, window)
         if path is not None and path.start is not None:
             window = window[:-1] + [(path.start, math.inf)]     # where the leaf's own evidence says it began
         ev = self._evidence(up, window, rate)
@@ -327,7 +331,7 @@ class IncidentTracker:
             # own path's (no model between two tests), its sd the path evidence's.
             verdict, llr = settle(ev, path.rate, path.sd, model_error=0.0)
         else:
-            sd = float(a.get("evidence", {}).get("rate_sd") or max(rate / 4, 1e-4))
+            sd = float((a.evidence or {}).get("rate_sd") or max(rate / 4, 1e-4))
             verdict, llr = settle(ev, rate, sd)
         detail = {"owner": up.dst, "verdict": str(verdict),
                   "llr_upstream": None if math.isinf(llr) else round(llr, 2),
@@ -340,7 +344,7 @@ class IncidentTracker:
         else:
             why = "no verdict from " + up.dst if verdict is Verdict.UNJUDGED else "waiting for " + up.dst + "'s verdict"
             return Attribution(None, cands, f"localizing: {why}", detail)
-        self.decided[a["alert_id"]] = att
+        self.decided[a.alert_id] = att
         return att
 
     def _evidence(self, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
@@ -356,15 +360,15 @@ class IncidentTracker:
         ev = self.source.path(leaf, f"{up.name}->{leaf}", since)
         return ev if ev is not None and not math.isinf(ev.sd) and ev.pulses >= 1 else None
 
-    def _host(self, a: dict, cands: list[str]) -> Attribution:
+    def _host(self, a: Alert, cands: list[str]) -> Attribution:
         """A host port's surplus: ``leafM->hN``, unless the way back of hN's ACKs lost them. Named only when
         no other loss is open here and every uplink's owner has judged its link since the onset and
         none stands out (see :func:`_standing_out`)."""
         host, ups = cands[0], [self.fabric.parse_link(c) for c in cands[1:]]
-        others = [x for x in self.alerts.values() if x["alert_id"] != a["alert_id"] and x["kind"] == "loss"
-                  and (x.get("evidence") or {}).get("test") != "host"]
+        others = [x for x in self.alerts.values() if x.alert_id != a.alert_id and x.kind is AlertKind.LOSS
+                  and x.test is not CheckKind.HOST]
         since = _onset(a)
-        evs = [self._evidence(u, since, float(a["estimated_rate"])) for u in ups]
+        evs = [self._evidence(u, since, float(a.estimated_rate)) for u in ups]
         detail = {"uplinks": [e.to_dict() if e else {"link": u.name, "verdict": "unjudged"} for u, e in zip(ups, evs)]}
         lossy = [e.link for e in _standing_out(evs)]
         if others or lossy:
@@ -372,14 +376,14 @@ class IncidentTracker:
             return Attribution(None, cands, f"localizing: {why} may be resending to {host.split('->')[1]}", detail)
         if any(e is None or math.isinf(e.sd) or e.pulses < 2 for e in evs):
             return Attribution(None, cands, "localizing: waiting for the uplinks' owners", detail)
-        att = Attribution(host, [host], f"named by {a['switch']}; its uplinks' owners see them intact", detail)
-        self.decided[a["alert_id"]] = att
+        att = Attribution(host, [host], f"named by {a.switch}; its uplinks' owners see them intact", detail)
+        self.decided[a.alert_id] = att
         return att
 
     # -- incidents ----------------------------------------------------------------------------
     def tick(self, now: float) -> list[dict]:
         """Re-attribute the open alerts; publish what changed."""
-        want: dict[str, tuple[Attribution, list[dict]]] = {}
+        want: dict[str, tuple[Attribution, list[Alert]]] = {}
         for a in self.alerts.values():
             att = self.attribute(a)
             key = att.link or "|".join(sorted(att.candidates))
@@ -393,17 +397,17 @@ class IncidentTracker:
             if iid in want:
                 continue
             del self.incidents[iid]
-            moved = [k for k, (att, als) in want.items() if att.link and any(x["alert_id"] in inc.alerts for x in als)]
+            moved = [k for k, (att, als) in want.items() if att.link and any(x.alert_id in inc.alerts for x in als)]
             if moved:
                 renamed.setdefault(moved[0], []).append(inc)   # it got its link: it continues under it
             else:
                 events.append(inc.event("resolved", now, self.reporter))
         for key, (att, als) in want.items():
-            kind = "corruption" if any(a["kind"] == "corruption" for a in als) else \
-                "loss" if any(a["kind"] == "loss" for a in als) else als[0]["kind"]
+            kinds = {a.kind for a in als}
+            kind = next((k for k in (AlertKind.CORRUPTION, AlertKind.LOSS) if k in kinds), als[0].kind)
             inc = self.incidents.get(key)
-            alerts = {a["alert_id"]: a for a in als}
-            rate = max(a["estimated_rate"] for a in als)
+            alerts = {a.alert_id: a for a in als}
+            rate = max(a.estimated_rate for a in als)
             # Every incident that got this link ends in a "localized" event naming it (previous_id), also
             # when two got it in one tick or the link already had an incident of its own.
             prevs = sorted(renamed.get(key, []), key=lambda i: i.first_time)
@@ -441,14 +445,14 @@ class IncidentTracker:
 BURST_MEMORY_S = 300.0
 
 
-def _burst_key(a: dict) -> tuple[str, str]:
+def _burst_key(a: Alert) -> tuple[str, str]:
     """The same alert with the same candidates: a fault that comes back where it was."""
-    return a["alert_id"], "|".join(sorted(a.get("candidates") or []))
+    return a.alert_id, "|".join(sorted(a.candidates or []))
 
 
-def _onset(a: dict) -> float:
+def _onset(a: Alert) -> float:
     """An alert's estimated onset (older events: its pulse start or time)."""
-    return float(a.get("onset_time") or a.get("pulse_start") or a["time"])
+    return float(a.onset_time or a.pulse_start or a.time)
 
 
 def _standing_out(evs: list[LinkEvidence | None]) -> list[LinkEvidence]:

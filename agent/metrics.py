@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import CollectorRegistry
 
 from agent.daemon import SwitchAgent
+from agent.detector.alerts import AlertKind
 from agent.incidents import IncidentTracker
 from agent.mitigation import CANARY_WEIGHT, Mitigator
 from netns_testbed.untrusted import REFUSED
@@ -135,7 +136,7 @@ class AgentCollector:
             noise.add_metric([sw, check], phi)
         resync.add_metric([sw], a.reader.resyncs)
         busy.add_metric([sw], a.busy_s)
-        for kind in ("loss", "corruption"):
+        for kind in (AlertKind.LOSS, AlertKind.CORRUPTION):
             alerts.add_metric([sw, kind], a.alerts_total.get(kind, 0))
         if a.last_pulse is not None:
             for p in a.dep.fabric.ports[sw]:
@@ -159,7 +160,7 @@ class AgentCollector:
         irate = GaugeMetricFamily("flowpulse_incident_estimated_rate", "Estimated rate of an open incident",
                                   labels=["incident", "link", "candidates", "kind", "state", "domain"])
         for i in list(self.tracker.incidents.values()):
-            cands = "|".join(sorted({c for a in i.alerts.values() for c in a.get("candidates") or []}))
+            cands = "|".join(sorted({c for a in i.alerts.values() for c in a.candidates or []}))
             labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state, i.domain]
             inc.add_metric(labels, 1.0)
             irate.add_metric(labels, i.rate)

@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.detector.alerts import AlertKind
 from netns_testbed.errors import UserError
 from netns_testbed.topo import Fabric, Link, node_kind
 
@@ -129,7 +130,7 @@ class Mitigator:
 
     def _decide(self, inc: dict) -> list[dict]:
         if inc.get("event") not in ("open", "update", "localized", "resolved") or \
-                inc.get("kind") not in ("loss", "corruption"):
+                inc.get("kind") not in (AlertKind.LOSS, AlertKind.CORRUPTION):
             return []
         self._forget_restored()
         iid = inc["incident_id"]

@@ -50,7 +50,7 @@ def run_model(spec: ModelSpec, pulses: int, schedule: dict[int, dict[str, dict[s
                 run.alerts.append(d)
                 if fed is not None and sw not in fed:
                     continue
-                for ev in tracker.feed(d, now=i + 0.5):
+                for ev in tracker.feed(a, now=i + 0.5):
                     ev["iteration"] = i
                     run.incidents.append(ev)
         if on_pulse is not None:

@@ -68,7 +68,7 @@ def upstream_cells(fab: Fabric, run, alert: dict) -> list[tuple[str, str, int]] 
     for c in ups:
         owner = fab.parse_link(c).dst
         det = run.detectors.get(owner)
-        cell = det.owned_cells().get(c) if det else None
+        cell = det.owner.owned_cells().get(c) if det else None
         if cell is not None:                 # else no switch judges it (a host's link, out of service)
             out.append((c, owner, cell))
     return out
@@ -85,7 +85,7 @@ def owner_bound(fab: Fabric, run, alert: dict, link: str, onset: int, rate: floa
     None when the alert names its link alone."""
     bounds = {}
     for c, owner, cell in upstream_cells(fab, run, alert) or []:
-        bs = [float(b[cell]) for t, a, b, bg, m in run.detectors[owner].ledger.rows
+        bs = [float(b[cell]) for t, a, b, bg, m in run.detectors[owner].owner.ledger.rows
               if t >= onset and m[cell] and b[cell] > 0]
         bounds[c] = sprt_pulses(rate, 1.0 / math.sqrt(statistics.median(bs))) if bs else math.inf
     return worst(bounds, link)
@@ -100,10 +100,10 @@ def contrast_bound(fab: Fabric, run, alert: dict, link: str, onset: int, rate: f
     bounds = {}
     for c, owner, cell in upstream_cells(fab, run, alert) or []:
         src = fab.parse_link(c).src
-        others = [s for s in fab.spines if s != owner and run.detectors[s].owned_cells().get(f"{src}->{s}") == cell]
+        others = [s for s in fab.spines if s != owner and run.detectors[s].owner.owned_cells().get(f"{src}->{s}") == cell]
 
         def rates(sw: str) -> dict[float, float]:
-            return {round(t, 3): float(a[cell] / b[cell]) for t, a, b, bg, m in run.detectors[sw].ledger.rows
+            return {round(t, 3): float(a[cell] / b[cell]) for t, a, b, bg, m in run.detectors[sw].owner.ledger.rows
                     if t < onset and m[cell] and b[cell] > 0}
         own, rest = rates(owner), [rates(s) for s in others]
         con = [r - sum(o[t] for o in rest) / len(rest) for t, r in own.items() if rest and all(t in o for o in rest)]

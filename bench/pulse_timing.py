@@ -43,10 +43,10 @@ def boundary_sd(run: Path) -> tuple[float, dict[str, tuple[float, int]]]:
     for period in ("before", "fault"):
         covs, pairs = [], 0
         for det in judge.detectors.values():
-            if det.ledger is None:
+            if det.owner.ledger is None:
                 continue
-            for cell in range(det.ledger.ncells):
-                y = [(float(a[cell] / bg[cell])) for t, a, b, bg, m in det.ledger.rows
+            for cell in range(det.owner.ledger.ncells):
+                y = [(float(a[cell] / bg[cell])) for t, a, b, bg, m in det.owner.ledger.rows
                      if m[cell] and bg[cell] > 0 and (t >= start) == (period == "fault")]
                 if len(y) < 6:
                     continue

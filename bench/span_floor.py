@@ -86,7 +86,7 @@ def noise_samples(fabric: Fabric, switch: str, pulses, onset: float) -> list[tup
 def balance_rates(det, fabric: Fabric, switch: str) -> dict[str, list[tuple[float, float]]]:
     """The spine's verdict ledger per pulse (start, ``a / b``), as its detector replayed it."""
     out: dict[str, list[tuple[float, float]]] = {}
-    for t, a, b, _, msk in det.ledger.rows:
+    for t, a, b, _, msk in det.owner.ledger.rows:
         for x in range(fabric.spec.leaves):
             if msk[x] and b[x] > 0:
                 out.setdefault(f"leaf{x}->{switch}", []).append((t, float(a[x] / b[x])))

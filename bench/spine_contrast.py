@@ -66,7 +66,7 @@ def robust_sd(x: np.ndarray) -> float:
 def cell_rates(detector, cell: int, until: float = math.inf) -> list[tuple[float, float, float]]:
     """A spine's judged pulses of one ledger cell that started before ``until``: (start, rate ``a / b``,
     the sd the verdict's noise model gives it, ``1 / sqrt(b)``)."""
-    return [(t, float(a[cell] / b[cell]), float(b[cell]) ** -0.5) for t, a, b, bg, m in detector.ledger.rows
+    return [(t, float(a[cell] / b[cell]), float(b[cell]) ** -0.5) for t, a, b, bg, m in detector.owner.ledger.rows
             if t < until and m[cell] and b[cell] > 0]
 
 
@@ -89,10 +89,10 @@ def own_and_contrast(detectors: dict, until: float) -> tuple[float, float, float
     spines' mean, and of the sd the verdict's noise model gives it (``1 / sqrt(b)``), over the pulses
     that started before ``until`` and that every spine judged; the root mean square and 99th percentile
     of every judged healthy pulse's deficit in units of the model's sd; and the pulses counted."""
-    spines = sorted(sw for sw, d in detectors.items() if d.ledger is not None)
-    ncells = detectors[spines[0]].ledger.ncells
+    spines = sorted(sw for sw, d in detectors.items() if d.owner.ledger is not None)
+    ncells = detectors[spines[0]].owner.ledger.ncells
     own, con, modelled, pulses = [], [], [], 0
-    zs = np.array([float(a[c] / np.sqrt(b[c])) for s in spines for t, a, b, bg, m in detectors[s].ledger.rows
+    zs = np.array([float(a[c] / np.sqrt(b[c])) for s in spines for t, a, b, bg, m in detectors[s].owner.ledger.rows
                    if t < until for c in range(ncells) if m[c] and b[c] > 0])
     fit = (float(np.sqrt(np.mean(zs ** 2))), float(np.percentile(np.abs(zs), 99))) if len(zs) else (np.nan, np.nan)
     for cell in range(ncells):
@@ -124,9 +124,9 @@ def under_fault(detectors: dict, link: str, start: float, rate: float) -> dict |
     src, dst = link.split("->")
     if not (src.startswith("leaf") and dst.startswith("spine")) or dst not in detectors:
         return None
-    cell = detectors[dst].owned_cells().get(link)
-    others = [sw for sw, d in detectors.items() if sw != dst and d.ledger is not None
-              and d.owned_cells().get(f"{src}->{sw}") == cell]
+    cell = detectors[dst].owner.owned_cells().get(link)
+    others = [sw for sw, d in detectors.items() if sw != dst and d.owner.ledger is not None
+              and d.owner.owned_cells().get(f"{src}->{sw}") == cell]
     if cell is None or not others:
         return None
     theirs = [cell_rates(detectors[sw], cell) for sw in others]
@@ -141,7 +141,7 @@ def under_fault(detectors: dict, link: str, start: float, rate: float) -> dict |
         return None
     share2 = timing_share2(rate)
     verdict_sd = [math.sqrt(pulse_variance(b[cell], bg[cell], share2))
-                  for t, a, b, bg, m in detectors[dst].ledger.rows if t >= start - SLACK_S and m[cell] and b[cell] > 0]
+                  for t, a, b, bg, m in detectors[dst].owner.ledger.rows if t >= start - SLACK_S and m[cell] and b[cell] > 0]
     pre_a, post_a = np.asarray(pre), np.asarray(post)
     return {"spines": 1 + len(others), "pre": len(pre_a), "pre_rms_own": float(np.sqrt((pre_a[:, 0] ** 2).mean())),
             "pre_rms_contrast": float(np.sqrt((pre_a[:, 2] ** 2).mean())), "post": len(post_a),

@@ -73,10 +73,10 @@ def fit(run: Path) -> float | None:
     if not (link.src.startswith("leaf") and f["kind"] == "drop"):
         return None
     det = judge.detectors[link.dst]
-    cell = det.owned_cells()[f["link"]]
+    cell = det.owner.owned_cells()[f["link"]]
     share2 = verdict.timing_share2(f["rate"])
     res, sd = [], []
-    for t, a, b, bg, m in det.ledger.rows:
+    for t, a, b, bg, m in det.owner.ledger.rows:
         if t >= f["start"] + verdict.SLACK_S and m[cell] and b[cell] > 0 and (not f.get("end") or t < f["end"]):
             res.append(a[cell] / b[cell] - f["rate"])
             sd.append(math.sqrt(verdict.pulse_variance(b[cell], bg[cell], share2)))

@@ -245,7 +245,7 @@ def cmd_export_site(args: argparse.Namespace) -> int:
         raise SpecError(f"--out {args.out}: name a file in an existing directory")
     tb = Testbed.load(args.prefix)
     switches = tb.fabric.switches if args.all else [args.switch]
-    sites = {sw: dump_site({**site_of_testbed(tb, sw), "counters": args.counters}) for sw in switches}   # every one checked before any is written
+    sites = {sw: dump_site({**site_of_testbed(tb, sw), "counters": args.counters.value}) for sw in switches}   # every one checked before any is written
     if args.all:
         for sw, text in sites.items():
             (args.dir / f"{sw}.yaml").write_text(text)

@@ -195,8 +195,8 @@ def test_feed_pulses(text):
 # -- verdict files, reports, saved detector state: files other processes wrote -------------------
 def good_verdict(tmp) -> dict:
     det = SwitchDetector(FABRIC, "spine1", DetectorConfig(), SprayMode.RRDST)
-    n = det.ledger.ncells
-    det.ledger.rows.append((1.0, np.ones(n), np.full(n, 100.0), np.zeros(n), np.ones(n, np.int64)))
+    n = det.owner.ledger.ncells
+    det.owner.ledger.rows.append((1.0, np.ones(n), np.full(n, 100.0), np.zeros(n), np.ones(n, np.int64)))
     write_verdicts(tmp, det)
     return json.loads((tmp / "spine1.json").read_text())
 

@@ -29,7 +29,7 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_cli(tmp_path):
     assert det["faults"] == 2 and det["localization_correct"] == 2 and det["false_positives"] == 0, det
     # package data: the C sources and the schemas came along
     probe = subprocess.run([str(env_dir / "bin" / "python"), "-c",
-                            "import agent.site, agent.incidents as i, agent.detector.switch as s, analysis.spec as e, "
+                            "import agent.site, agent.incidents as i, agent.detector.persistence as s, analysis.spec as e, "
                             "analysis.rundir as r, netns_testbed.datapath as d, sys;"
                             "print(all(p.is_file() for p in (agent.site.SCHEMA_PATH, i.VERDICT_SCHEMA, s.STATE_SCHEMA, "
                             "e.SCHEMA, r.REPORT_SCHEMA)), all((d.BPF_DIR / f).is_file() for f in "

@@ -51,9 +51,9 @@ class Webhook:
 
 def owner_pulses(det, link: str) -> list[tuple[float, float, float]]:
     """An owner's judged pulses on a link it owns: (start time, rate, sd of the pulse's own noise)."""
-    cell = det.owned_cells()[link]
+    cell = det.owner.owned_cells()[link]
     return [(round(t, 3), round(float(a[cell] / b[cell]), 4), round(float(b[cell]) ** -0.5, 4))
-            for t, a, b, _, m in det.ledger.rows if m[cell] and b[cell] > 0]
+            for t, a, b, _, m in det.owner.ledger.rows if m[cell] and b[cell] > 0]
 
 
 def operator_stack(tmp_path: Path, metrics_ports: list[int], base: int, hook: Webhook,

@@ -37,7 +37,7 @@ def run(faults: dict, pulses: int, onset: int, seed: int):
 def test_silent_on_300_healthy_pulses_and_spines_judge_only_damaged_frames():
     events, dets = run({}, 300, 0, seed=11)
     assert events == []
-    assert dets["spine0"].checks == [] and dets["spine0"].ledger is None
+    assert dets["spine0"].checks == [] and dets["spine0"].owner.ledger is None
     # leaves judge their uplinks' totals; not their host links (no D-SACKs: tests/test_host_dsack.py)
     assert [c.kind for c in dets["leaf0"].checks] == ["peer"]
 

@@ -24,11 +24,11 @@ LINK = Link("leaf1", "spine1")
 def spine_with_evidence() -> SwitchDetector:
     """spine1 with ten pulses of a 1% loss on leaf1->spine1 in its ledger."""
     det = SwitchDetector(FABRIC, "spine1", DetectorConfig(), SprayMode.RRDST)
-    n = det.ledger.ncells
+    n = det.owner.ledger.ncells
     for i in range(10):
         q = np.zeros(n)
         q[1] = 0.01 * 4000
-        det.ledger.rows.append((float(i), q, np.full(n, 4000.0), np.zeros(n), np.ones(n, np.int64)))
+        det.owner.ledger.rows.append((float(i), q, np.full(n, 4000.0), np.zeros(n), np.ones(n, np.int64)))
     return det
 
 

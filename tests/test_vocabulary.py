@@ -150,3 +150,28 @@ def test_state_and_specs_carry_the_members():
     assert '"spray": "rr"' in st.to_json() and '"hook": "tcx"' in st.to_json()
     assert ModelSpec(spray="random").spray is SprayMode.RANDOM
     assert from_dict({"spray": "rr"}).spray is SprayMode.RR
+
+
+def test_every_check_implements_the_check_protocol():
+    from agent.detector import DetectorConfig, SwitchDetector
+    from agent.detector.checks import Check
+    from netns_testbed.topo import Fabric, FabricSpec
+
+    fab = Fabric(FabricSpec())
+    checks = [c for sw in ("leaf0", "spine0") for c in SwitchDetector(fab, sw, DetectorConfig()).checks]
+    checks += SwitchDetector(fab, "leaf0", DetectorConfig(), per_source=False).checks
+    assert {type(c).__name__ for c in checks} == {"PeerCheck", "HostCheck", "SpineCheck", "TotalsPeerCheck"}
+    for c in checks:
+        assert isinstance(c, Check), type(c).__name__
+        assert c.take_findings() == []
+
+
+def test_alerts_are_typed_also_when_read_back():
+    from agent.detector.alerts import Alert, AlertEvent, AlertKind, CheckKind
+
+    a = Alert.from_dict({"event": "update", "alert_id": "leaf0/1/in/loss", "time": 1.0, "switch": "leaf0", "port": 1,
+                         "kind": "loss", "evidence": {"test": "peer"}, "iteration": 3})
+    assert a.event is AlertEvent.UPDATE and a.kind is AlertKind.LOSS and a.test is CheckKind.PEER
+    assert a.to_dict()["kind"] == "loss" and '"kind": "loss"' in __import__("json").dumps(a.to_dict())
+    with pytest.raises(ValueError):
+        Alert.from_dict({"event": "alert", "alert_id": "x", "time": 1.0, "switch": "leaf0", "port": 1, "kind": "lost"})

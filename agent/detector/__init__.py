@@ -3,8 +3,10 @@
 Layout: ``config`` (parameters and the false-alarm budget), ``arl`` (CUSUM run
 lengths and thresholds), ``evidence`` (CUSUM banks, reverse test), ``noise``
 (null variance per spray mode, learned from certified pulses), ``checks`` (one
-class per test), ``alerts`` (typed alerts, the book of open ones), ``switch``
-(the SwitchDetector composing them).
+class per test, each a ``Check``), ``alerts`` (typed alerts, the book of open ones),
+``lifecycle`` (alarms into alerts, asymmetry, repair), ``owner`` (verdict evidence
+on the links the switch owns), ``persistence`` (saved state), ``switch`` (the
+SwitchDetector stepping them).
 """
 from __future__ import annotations
 

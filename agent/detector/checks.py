@@ -69,9 +69,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from agent.detector.alerts import CheckKind
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.noise import NoiseModel, SpanNoise
 from agent.detector.verdict import Ledger, Reference
@@ -277,8 +279,44 @@ class Suspect:
     candidates: tuple[Link, ...]
 
 
+Finding = tuple[tuple, float, float]   # (cell, rate, z): shares measured at start that contradict the model
+
+
+@runtime_checkable
+class Check(Protocol):
+    """What the switch detector asks of each test whose cells feed a CUSUM bank (PeerCheck,
+    TotalsPeerCheck, SpineCheck, HostCheck). Damaged frames are counted, not sampled: CorruptionCheck
+    feeds the Poisson CUSUM and gives only ``suspects``."""
+
+    kind: CheckKind
+    shape: tuple[int, ...]                 # the cells
+    port_of_cell: np.ndarray               # each cell's port (scores per port)
+
+    def samples(self, pc: PulseCounts) -> Samples:
+        """This pulse's deficit, variance form and signal per unit loss rate for every cell."""
+
+    def suspects(self, idx: tuple) -> Suspect:
+        """What a cell's deficit points at."""
+
+    def set_shares(self, weights: dict[str, float], oos: Sequence[Link]) -> None:
+        """The leaves spray with these weights and these links out of service from now on."""
+
+    def forget_held(self) -> None:
+        """A pulse was not judged: nothing carried over from the one before it."""
+
+    def learn(self, smp: Samples) -> None:
+        """Refine what is learned from a certified-healthy pulse's samples."""
+
+    def take_findings(self) -> list[Finding]:
+        """What the check found outside its CUSUMs since it was last asked (asymmetry at start)."""
+
+    def state(self) -> dict: ...
+
+    def load(self, d: dict) -> None: ...
+
+
 class PeerCheck:
-    kind = "peer"
+    kind = CheckKind.PEER
 
     def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
                  weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
@@ -296,7 +334,7 @@ class PeerCheck:
         self.learn_c = np.zeros((L, S))
         self.learn_n = np.zeros(L)
         self.learn_pulses = np.zeros(L, dtype=np.int64)
-        self.findings: list[tuple[tuple, float, float]] = []   # (cell, rate, z) of asymmetry at start
+        self.findings: list[Finding] = []   # asymmetry at start (take_findings)
         self.last: Samples | None = None
         # The leaf's own evidence on the paths into it (counts with sequence spans): per (source leaf a,
         # uplink k) the spray share of a's flows' spans through spine k against the new bytes that came in
@@ -405,6 +443,10 @@ class PeerCheck:
             rate = deficit[k] / (wq[k] * n) if wq[k] * n > 0 else 0.0
             self.findings.append(((a, int(k)), float(rate), float(z[k])))
 
+    def take_findings(self) -> list[Finding]:
+        found, self.findings = self.findings, []
+        return found
+
     def learn(self, smp: Samples) -> None:
         if smp.path is not None:
             self.path_noise.learn(*self.path_noise.sample(smp.path.r, smp.path.u, smp.path.mask))
@@ -445,7 +487,7 @@ class TotalsPeerCheck(PeerCheck):
     each source's rotation noise adds: ``sources_per_cell`` times one source's.
     """
 
-    kind = "peer"
+    kind = CheckKind.PEER
     per_source = False
 
     def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
@@ -494,7 +536,7 @@ class TotalsPeerCheck(PeerCheck):
 
 
 class SpineCheck:
-    kind = "spine"
+    kind = CheckKind.SPINE
 
     def __init__(self, fabric: Fabric, switch: str, spray: SprayMode, cfg: DetectorConfig,
                  weights: dict[str, float], oos: list[Link], degraded: set[str]) -> None:
@@ -635,6 +677,9 @@ class SpineCheck:
         return Samples(smp.r[:, 0], smp.u[:, 0], smp.s[:, 0], smp.mask[:, 0], smp.expected[:, 0],
                        smp.observed[:, 0], start_time=pc.start_time)
 
+    def take_findings(self) -> list[Finding]:
+        return []
+
     def learn(self, smp: Samples) -> None:
         if smp.path is not None:
             self.span_noise.learn(*self.span_noise.sample(smp.path.r, smp.path.u, smp.path.mask))
@@ -708,7 +753,7 @@ class HostCheck:
     packet would have been (only the spurious retransmissions that follow show, at the receivers).
     """
 
-    kind = "host"
+    kind = CheckKind.HOST
 
     def __init__(self, fabric: Fabric, switch: str, cfg: DetectorConfig, degraded: set[str],
                  peer: PeerCheck) -> None:
@@ -810,6 +855,9 @@ class HostCheck:
         u = np.where(mask, obs + others / (n - 1), 1.0)
         return Samples(np.where(mask, obs - others, 0.0), u, others, mask, others, obs), owed
 
+    def take_findings(self) -> list[Finding]:
+        return []
+
     def learn(self, smp: Samples) -> None:
         return None
 
@@ -829,7 +877,7 @@ class HostCheck:
 
 
 class CorruptionCheck:
-    kind = "corruption"
+    kind = CheckKind.CORRUPTION
 
     def __init__(self, fabric: Fabric, switch: str, degraded: set[str]) -> None:
         self.fabric, self.switch = fabric, switch
