@@ -1,93 +1,120 @@
-"""Pinned BPF maps read and written through the bpf(2) syscall.
+"""Pinned BPF maps and programs, through libbpf's low-level API (``libbpf.so.1``, ctypes).
 
-Why not BCC here: the loader (datapath.py) uses BCC to compile, but readers
-(CLI, agents) only need a handful of map operations on pinned maps. Doing those
-with the raw syscall keeps each agent free of LLVM/libbcc (tens of MB resident
-per switch) and lets it run where BCC is absent. The ABI used is the stable
-``union bpf_attr`` layout of include/uapi/linux/bpf.h.
+Why not BCC here: the loader (datapath.py) uses BCC to compile, but readers (CLI, agents) only need a
+handful of map and program operations. libbpf's ``bpf_*`` functions make the bpf(2) calls (its syscall
+number, its ``union bpf_attr`` for the running kernel's commands) and the agents stay free of
+LLVM/libbcc (tens of MB resident per switch). Debian ships libbpf in ``libbpf1`` (a dependency of
+iproute2 and of BCC).
+
+What is mirrored here is libbpf's own option structs (each starts with its size, ``sz``, so libbpf
+reads no field past what this side knows) and the heads of two kernel structs libbpf hands back as they
+are (``bpf_map_info``, ``bpf_prog_info``); tests/test_libbpf_abi.py compiles every offset and size
+against libbpf's and the kernel's headers, so a drift fails there.
 """
 from __future__ import annotations
 
 import ctypes as ct
+import ctypes.util
 import errno
 import os
-import platform
-import sys
 from functools import lru_cache
 
 import numpy as np
 
-# bpf(2)'s number differs per architecture (arch/*/include/uapi/asm/unistd*.h, syscall.tbl)
-SYS_BPF_BY_MACHINE = {"x86_64": 321, "amd64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280,
-                      "loongarch64": 280, "ppc64le": 361, "ppc64": 361, "s390x": 351,
-                      "i386": 357, "i686": 357, "armv7l": 386, "armv6l": 386, "mips64": 5315}
-
-
-def sys_bpf_number(machine: str | None = None) -> int:
-    """The bpf(2) system call's number on this machine's architecture."""
-    m = machine or platform.machine()
-    try:
-        return SYS_BPF_BY_MACHINE[m]
-    except KeyError:
-        from netns_testbed.errors import EnvironmentProblem
-        raise EnvironmentProblem(f"no bpf(2) syscall number known for architecture {m!r}: add it to "
-                                 "SYS_BPF_BY_MACHINE in netns_testbed/bpfmaps.py") from None
+BPF_F_RDONLY = 1 << 3     # bpf_obj_get_opts file_flags: a descriptor that can read the map, not change it
+BPF_ANY = 0               # bpf_map_update_elem flags: create or replace
 
 
 @lru_cache(maxsize=1)
-def _sys_bpf() -> int:
-    return sys_bpf_number()
+def libbpf() -> ct.CDLL:
+    """libbpf, loaded once (EnvironmentProblem when the machine has none)."""
+    name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+    try:
+        lib = ct.CDLL(name, use_errno=True)
+    except OSError:
+        from netns_testbed.errors import EnvironmentProblem
+        raise EnvironmentProblem("libbpf is not installed (the agents read BPF maps through it): "
+                                 "apt-get install libbpf1") from None
+    return lib
 
 
-BPF_MAP_LOOKUP_ELEM = 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_OBJ_PIN = 6
-BPF_OBJ_GET = 7
-BPF_MAP_LOOKUP_BATCH = 24
-BPF_F_RDONLY = 1 << 3     # BPF_OBJ_GET file_flags: a descriptor that can read the map, not change it
-
-_libc = ct.CDLL(None, use_errno=True)
-_libc.syscall.restype = ct.c_long
-
-
-class _ElemAttr(ct.Structure):
-    _fields_ = [("map_fd", ct.c_uint32), ("pad", ct.c_uint32), ("key", ct.c_uint64),
-                ("value", ct.c_uint64), ("flags", ct.c_uint64)]
-
-
-class _ObjAttr(ct.Structure):
-    _fields_ = [("pathname", ct.c_uint64), ("bpf_fd", ct.c_uint32), ("file_flags", ct.c_uint32),
-                ("path_fd", ct.c_int32), ("pad", ct.c_uint32)]
-
-
-class _BatchAttr(ct.Structure):
-    _fields_ = [("in_batch", ct.c_uint64), ("out_batch", ct.c_uint64), ("keys", ct.c_uint64),
-                ("values", ct.c_uint64), ("count", ct.c_uint32), ("map_fd", ct.c_uint32),
-                ("elem_flags", ct.c_uint64), ("flags", ct.c_uint64)]
-
-
-def _bpf(cmd: int, attr: ct.Structure) -> int:
-    ret = _libc.syscall(_sys_bpf(), cmd, ct.byref(attr), ct.sizeof(attr))
+def _call(fn: str, *args) -> int:
+    """A libbpf call that returns a descriptor, a count or 0: a negative return is -errno (libbpf 1.0+)."""
+    ret = getattr(libbpf(), fn)(*args)
     if ret < 0:
-        err = ct.get_errno()
-        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+        err = -ret if ret != -1 else (ct.get_errno() or errno.EINVAL)
+        raise OSError(err, f"{fn}: {os.strerror(err)}")
     return ret
+
+
+class ObjGetOpts(ct.Structure):      # struct bpf_obj_get_opts (libbpf 1.0+)
+    _fields_ = [("sz", ct.c_size_t), ("file_flags", ct.c_uint32)]
+
+
+class MapCreateOpts(ct.Structure):   # struct bpf_map_create_opts (libbpf 0.7+)
+    _fields_ = [("sz", ct.c_size_t), ("btf_fd", ct.c_uint32), ("btf_key_type_id", ct.c_uint32),
+                ("btf_value_type_id", ct.c_uint32), ("btf_vmlinux_value_type_id", ct.c_uint32),
+                ("inner_map_fd", ct.c_uint32), ("map_flags", ct.c_uint32), ("map_extra", ct.c_uint64),
+                ("numa_node", ct.c_uint32), ("map_ifindex", ct.c_uint32)]
+
+
+class ProgLoadOpts(ct.Structure):    # struct bpf_prog_load_opts (libbpf 0.7+)
+    _fields_ = [("sz", ct.c_size_t), ("attempts", ct.c_int), ("expected_attach_type", ct.c_uint32),
+                ("prog_btf_fd", ct.c_uint32), ("prog_flags", ct.c_uint32), ("prog_ifindex", ct.c_uint32),
+                ("kern_version", ct.c_uint32), ("attach_btf_id", ct.c_uint32), ("attach_prog_fd", ct.c_uint32),
+                ("attach_btf_obj_fd", ct.c_uint32), ("fd_array", ct.c_void_p), ("func_info", ct.c_void_p),
+                ("func_info_cnt", ct.c_uint32), ("func_info_rec_size", ct.c_uint32), ("line_info", ct.c_void_p),
+                ("line_info_cnt", ct.c_uint32), ("line_info_rec_size", ct.c_uint32), ("log_level", ct.c_uint32),
+                ("log_size", ct.c_uint32), ("log_buf", ct.c_void_p)]
+
+
+class TestRunOpts(ct.Structure):     # struct bpf_test_run_opts (libbpf 0.3+)
+    __test__ = False     # not a pytest test class
+    _fields_ = [("sz", ct.c_size_t), ("data_in", ct.c_void_p), ("data_out", ct.c_void_p),
+                ("data_size_in", ct.c_uint32), ("data_size_out", ct.c_uint32), ("ctx_in", ct.c_void_p),
+                ("ctx_out", ct.c_void_p), ("ctx_size_in", ct.c_uint32), ("ctx_size_out", ct.c_uint32),
+                ("retval", ct.c_uint32), ("repeat", ct.c_int), ("duration", ct.c_uint32), ("flags", ct.c_uint32),
+                ("cpu", ct.c_uint32), ("batch_size", ct.c_uint32)]
+
+
+class LinkCreateOpts(ct.Structure):  # struct bpf_link_create_opts, up to its flags (libbpf 0.0.8+)
+    _fields_ = [("sz", ct.c_size_t), ("flags", ct.c_uint32)]
+
+
+class ProgQueryOpts(ct.Structure):   # struct bpf_prog_query_opts (libbpf 1.0+)
+    _fields_ = [("sz", ct.c_size_t), ("query_flags", ct.c_uint32), ("attach_flags", ct.c_uint32),
+                ("prog_ids", ct.c_void_p), ("prog_cnt", ct.c_uint32), ("prog_attach_flags", ct.c_void_p)]
+
+
+class MapInfo(ct.Structure):         # the head of the kernel's struct bpf_map_info
+    _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("key_size", ct.c_uint32),
+                ("value_size", ct.c_uint32), ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32),
+                ("name", ct.c_char * 16)]
+
+
+class ProgInfo(ct.Structure):        # the head of the kernel's struct bpf_prog_info, up to its name
+    _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("tag", ct.c_uint8 * 8), ("jited_prog_len", ct.c_uint32),
+                ("xlated_prog_len", ct.c_uint32), ("jited_prog_insns", ct.c_uint64),
+                ("xlated_prog_insns", ct.c_uint64), ("load_time", ct.c_uint64), ("created_by_uid", ct.c_uint32),
+                ("nr_map_ids", ct.c_uint32), ("map_ids", ct.c_uint64), ("name", ct.c_char * 16)]
+
+
+def _opts(cls: type[ct.Structure], **fields) -> ct.Structure:
+    return cls(sz=ct.sizeof(cls), **fields)
+
+
+def _obj_get(path: str, flags: int = 0) -> int:
+    return _call("bpf_obj_get_opts", path.encode(), ct.byref(_opts(ObjGetOpts, file_flags=flags)))
 
 
 @lru_cache(maxsize=1)
 def possible_cpus() -> int:
     """Number of possible CPUs: per-CPU map values hold one slot for each."""
-    text = open("/sys/devices/system/cpu/possible").read().strip()
-    n = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
+    return _call("libbpf_num_possible_cpus")
 
 
 def obj_pin(fd: int, path: str) -> None:
-    p = ct.create_string_buffer(path.encode())
-    _bpf(BPF_OBJ_PIN, _ObjAttr(pathname=ct.addressof(p), bpf_fd=fd))
+    _call("bpf_obj_pin", fd, path.encode())
 
 
 class PinnedArray:
@@ -100,10 +127,8 @@ class PinnedArray:
         if fd is not None:
             self.fd = os.dup(fd)
         else:
-            p = ct.create_string_buffer(path.encode())
             try:
-                self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p),
-                                                     file_flags=BPF_F_RDONLY if readonly else 0))
+                self.fd = _obj_get(path, BPF_F_RDONLY if readonly else 0)
             except OSError as e:
                 raise FileNotFoundError(errno.ENOENT, f"no pinned BPF map at {path} ({e.strerror})") from None
         self.path = path
@@ -174,13 +199,13 @@ class PinnedArray:
     def get(self, index: int):
         key = ct.c_uint32(index)
         buf = self._buf(1)
-        _bpf(BPF_MAP_LOOKUP_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(buf)))
+        _call("bpf_map_lookup_elem", self.fd, ct.byref(key), ct.byref(buf))
         return self._values(buf, 1)[0]
 
     def _update_raw(self, index: int, raw: ct.Array) -> None:
         """Write one element from a buffer laid out as the kernel wants it (each CPU's value)."""
         key = ct.c_uint32(index)
-        _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(raw)))
+        _call("bpf_map_update_elem", self.fd, ct.byref(key), ct.byref(raw), ct.c_uint64(BPF_ANY))
 
     def set(self, index: int, value: ct.Structure) -> None:
         """Write one element (on a per-CPU map, the same value on every CPU)."""
@@ -189,7 +214,7 @@ class PinnedArray:
         raw = bytes(value)
         for c in range(self.ncpu):
             ct.memmove(ct.addressof(buf) + c * self._stride, raw, len(raw))
-        _bpf(BPF_MAP_UPDATE_ELEM, _ElemAttr(map_fd=self.fd, key=ct.addressof(key), value=ct.addressof(buf)))
+        _call("bpf_map_update_elem", self.fd, ct.byref(key), ct.byref(buf), ct.c_uint64(BPF_ANY))
 
     def _batch(self, first: int = 0, n: int | None = None) -> ct.Array:
         """The raw values (all CPUs) of elements ``first`` .. ``first + n - 1`` (default: all) in one
@@ -201,15 +226,15 @@ class PinnedArray:
         buf = self._buf(n)
         out_batch = ct.c_uint32(0)
         prev = ct.c_uint32(first - 1)
-        attr = _BatchAttr(in_batch=ct.addressof(prev) if first else 0, out_batch=ct.addressof(out_batch),
-                          keys=ct.addressof(keys), values=ct.addressof(buf), count=n, map_fd=self.fd)
+        count = ct.c_uint32(n)
         try:
-            _bpf(BPF_MAP_LOOKUP_BATCH, attr)
+            _call("bpf_map_lookup_batch", self.fd, ct.byref(prev) if first else None, ct.byref(out_batch),
+                  ct.byref(keys), ct.byref(buf), ct.byref(count), None)
         except OSError as e:
             if e.errno != errno.ENOENT:  # ENOENT: the batch reached the end, values are filled
                 raise
-        if attr.count != n or keys[0] != first:
-            raise OSError(errno.EIO, f"batch read of {self.path} returned {attr.count} of {n} entries from {keys[0]}")
+        if count.value != n or keys[0] != first:
+            raise OSError(errno.EIO, f"batch read of {self.path} returned {count.value} of {n} entries from {keys[0]}")
         return buf
 
     def get_all(self) -> list:
@@ -238,19 +263,6 @@ def _dtype(value_type: type) -> np.dtype:
     return dt
 
 
-BPF_PROG_GET_NEXT_ID = 11
-BPF_PROG_GET_FD_BY_ID = 13
-BPF_OBJ_GET_INFO_BY_FD = 15
-
-
-class _NextIdAttr(ct.Structure):
-    _fields_ = [("start_id", ct.c_uint32), ("next_id", ct.c_uint32), ("open_flags", ct.c_uint32)]
-
-
-class _InfoAttr(ct.Structure):
-    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64)]
-
-
 def loaded_program_names() -> list[str]:
     """Names of all BPF programs loaded in the kernel (what ``bpftool prog`` lists)."""
     return list(loaded_programs().values())
@@ -260,87 +272,54 @@ def loaded_programs() -> dict[int, str]:
     """Id -> name of every BPF program loaded in the kernel."""
     names, cur = {}, 0
     while True:
-        attr = _NextIdAttr(start_id=cur)
+        nxt = ct.c_uint32(0)
         try:
-            _bpf(BPF_PROG_GET_NEXT_ID, attr)
+            _call("bpf_prog_get_next_id", ct.c_uint32(cur), ct.byref(nxt))
         except OSError as e:
             if e.errno == errno.ENOENT:
                 return names
             raise
-        cur = attr.next_id
+        cur = nxt.value
         try:
-            fd = _bpf(BPF_PROG_GET_FD_BY_ID, _NextIdAttr(start_id=cur))
+            fd = _call("bpf_prog_get_fd_by_id", ct.c_uint32(cur))
         except OSError:
-            continue
+            continue            # unloaded in between
         try:
-            info = (ct.c_uint8 * 256)()
-            _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=256, info=ct.addressof(info)))
-            # struct bpf_prog_info: name[16] starts at byte offset 64
-            names[cur] = bytes(info[64:80]).split(b"\0")[0].decode(errors="replace")
+            info, size = ProgInfo(), ct.c_uint32(ct.sizeof(ProgInfo))
+            _call("bpf_obj_get_info_by_fd", fd, ct.byref(info), ct.byref(size))
+            names[cur] = info.name.decode(errors="replace")
         finally:
             os.close(fd)
 
 
-BPF_PROG_TEST_RUN = 10
-
-
-class _TestRunAttr(ct.Structure):
-    _fields_ = [("prog_fd", ct.c_uint32), ("retval", ct.c_uint32), ("data_size_in", ct.c_uint32),
-                ("data_size_out", ct.c_uint32), ("data_in", ct.c_uint64), ("data_out", ct.c_uint64),
-                ("repeat", ct.c_uint32), ("duration", ct.c_uint32), ("ctx_size_in", ct.c_uint32),
-                ("ctx_size_out", ct.c_uint32), ("ctx_in", ct.c_uint64), ("ctx_out", ct.c_uint64),
-                ("flags", ct.c_uint32), ("cpu", ct.c_uint32), ("batch_size", ct.c_uint32), ("pad", ct.c_uint32)]
-
-
-def _test_run(prog_fd: int, frame: bytes, repeat: int) -> tuple[_TestRunAttr, ct.Array]:
+def _test_run(prog_fd: int, frame: bytes, repeat: int) -> tuple[TestRunOpts, ct.Array]:
     data_in = ct.create_string_buffer(frame, len(frame))
     data_out = ct.create_string_buffer(len(frame) + 256)
-    attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(frame), data_size_out=len(data_out),
-                        data_in=ct.addressof(data_in), data_out=ct.addressof(data_out), repeat=repeat)
-    _bpf(BPF_PROG_TEST_RUN, attr)
-    return attr, data_out
+    opts = _opts(TestRunOpts, data_in=ct.addressof(data_in), data_out=ct.addressof(data_out),
+                 data_size_in=len(frame), data_size_out=len(data_out), repeat=repeat)
+    _call("bpf_prog_test_run_opts", prog_fd, ct.byref(opts))
+    return opts, data_out
 
 
 def prog_test_run(prog_fd: int, frame: bytes, repeat: int = 1) -> tuple[int, bytes]:
     """Run a loaded tc program on ``frame`` (Ethernet onwards) in the kernel, without attaching it
     (BPF_PROG_TEST_RUN): ``repeat`` runs on the same buffer; returns the last run's verdict and the
     frame as the program left it. The packet's device is this namespace's loopback (ifindex 1)."""
-    attr, data_out = _test_run(prog_fd, frame, repeat)
-    return ct.c_int32(attr.retval).value, data_out.raw[:attr.data_size_out]
+    opts, data_out = _test_run(prog_fd, frame, repeat)
+    return ct.c_int32(opts.retval).value, data_out.raw[:opts.data_size_out]
 
 
 def prog_test_time(prog_fd: int, frame: bytes, repeat: int) -> int:
     """The kernel's mean time (ns) of one of ``repeat`` runs of a tc program on ``frame`` (as
     :func:`prog_test_run`, timed by BPF_PROG_TEST_RUN itself)."""
-    attr, _ = _test_run(prog_fd, frame, repeat)
-    return attr.duration
+    opts, _ = _test_run(prog_fd, frame, repeat)
+    return opts.duration
 
 
 # -- copies of a compiled program: one compile, one set of maps and programs per switch ------------
-BPF_MAP_CREATE = 0
-BPF_PROG_LOAD = 5
-BPF_PROG_TYPE_SCHED_CLS = 3
+BPF_PROG_TYPE_SCHED_CLS = 3    # enum bpf_prog_type
 BPF_PSEUDO_MAP_FD = 1
 BPF_LD_IMM64 = 0x18       # BPF_LD | BPF_IMM | BPF_DW: a 64-bit immediate over two instructions
-
-
-class _MapInfo(ct.Structure):      # the head of struct bpf_map_info
-    _fields_ = [("type", ct.c_uint32), ("id", ct.c_uint32), ("key_size", ct.c_uint32),
-                ("value_size", ct.c_uint32), ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32),
-                ("name", ct.c_char * 16)]
-
-
-class _MapCreateAttr(ct.Structure):
-    _fields_ = [("map_type", ct.c_uint32), ("key_size", ct.c_uint32), ("value_size", ct.c_uint32),
-                ("max_entries", ct.c_uint32), ("map_flags", ct.c_uint32), ("inner_map_fd", ct.c_uint32),
-                ("numa_node", ct.c_uint32), ("map_name", ct.c_char * 16)]
-
-
-class _ProgLoadAttr(ct.Structure):
-    _fields_ = [("prog_type", ct.c_uint32), ("insn_cnt", ct.c_uint32), ("insns", ct.c_uint64),
-                ("license", ct.c_uint64), ("log_level", ct.c_uint32), ("log_size", ct.c_uint32),
-                ("log_buf", ct.c_uint64), ("kern_version", ct.c_uint32), ("prog_flags", ct.c_uint32),
-                ("prog_name", ct.c_char * 16)]
 
 
 class MapSpec(tuple):
@@ -354,16 +333,15 @@ class MapSpec(tuple):
 
 def map_spec(fd: int) -> MapSpec:
     """What the kernel says of the map behind ``fd`` (BPF_OBJ_GET_INFO_BY_FD)."""
-    info = _MapInfo()
-    _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=ct.sizeof(info), info=ct.addressof(info)))
+    info, size = MapInfo(), ct.c_uint32(ct.sizeof(MapInfo))
+    _call("bpf_obj_get_info_by_fd", fd, ct.byref(info), ct.byref(size))
     return MapSpec(info.type, info.key_size, info.value_size, info.max_entries, info.map_flags, info.name)
 
 
 def map_create(spec: MapSpec) -> int:
     """A new, empty map like ``spec`` (BPF_MAP_CREATE); returns its descriptor."""
     t, k, v, n, flags, name = spec
-    return _bpf(BPF_MAP_CREATE, _MapCreateAttr(map_type=t, key_size=k, value_size=v, max_entries=n,
-                                               map_flags=flags, map_name=name[:15]))
+    return _call("bpf_map_create", t, name[:15], k, v, n, ct.byref(_opts(MapCreateOpts, map_flags=flags)))
 
 
 def _imm64_loads(insns: bytes):
@@ -403,55 +381,40 @@ def prog_load(insns: bytes, name: str, license: bytes = b"GPL", prog_type: int =
     """Load ``insns`` as a program (BPF_PROG_LOAD); returns its descriptor. On a refusal, the
     OSError's message ends with the verifier's last lines."""
     code = ct.create_string_buffer(insns, len(insns))
-    lic = ct.create_string_buffer(license)
-    attr = _ProgLoadAttr(prog_type=prog_type, insn_cnt=len(insns) // 8, insns=ct.addressof(code),
-                         license=ct.addressof(lic), prog_name=name.encode()[:15])
+
+    def load(opts: ProgLoadOpts) -> int:
+        return _call("bpf_prog_load", prog_type, name.encode()[:15], license, code, ct.c_size_t(len(insns) // 8),
+                     ct.byref(opts))
+
     try:
-        return _bpf(BPF_PROG_LOAD, attr)
+        return load(_opts(ProgLoadOpts))
     except OSError as e:
         log = ct.create_string_buffer(1 << 20)
-        attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ct.addressof(log)
         try:
-            return _bpf(BPF_PROG_LOAD, attr)      # loads after all (a passing retry): use it
-        except OSError:
+            return load(_opts(ProgLoadOpts, log_level=1, log_size=len(log), log_buf=ct.addressof(log)))
+        except OSError:          # (a passing retry loads after all: use it)
             tail = " | ".join(log.value.decode(errors="replace").strip().splitlines()[-3:])
             raise OSError(e.errno, f"loading {name}: {os.strerror(e.errno)}: {tail}") from None
 
 
 # -- tcx links (kernel 6.6+): a program attached to a port's ingress or egress by a BPF link ------------
-BPF_PROG_QUERY = 16
-BPF_LINK_CREATE = 28
 BPF_TCX_INGRESS = 46       # enum bpf_attach_type, 6.6+ UAPI (tests/test_fabric.py attaches and queries with them)
 BPF_TCX_EGRESS = 47
 BPF_F_BEFORE = 1 << 3      # mprog attach flags: with no relative program, in front of every other
 
 
-class _LinkCreateAttr(ct.Structure):    # link_create with its tcx member
-    _fields_ = [("prog_fd", ct.c_uint32), ("target_ifindex", ct.c_uint32), ("attach_type", ct.c_uint32),
-                ("flags", ct.c_uint32), ("relative_fd", ct.c_uint32), ("pad", ct.c_uint32),
-                ("expected_revision", ct.c_uint64)]
-
-
-class _QueryAttr(ct.Structure):         # the query member, up to its revision (6.6+)
-    _fields_ = [("target_ifindex", ct.c_uint32), ("attach_type", ct.c_uint32), ("query_flags", ct.c_uint32),
-                ("attach_flags", ct.c_uint32), ("prog_ids", ct.c_uint64), ("count", ct.c_uint32),
-                ("pad", ct.c_uint32), ("prog_attach_flags", ct.c_uint64), ("link_ids", ct.c_uint64),
-                ("link_attach_flags", ct.c_uint64), ("revision", ct.c_uint64)]
-
-
 def link_create_tcx(prog_fd: int, ifindex: int, attach_type: int, flags: int = 0) -> int:
     """Attach ``prog_fd`` to ``ifindex`` (in the calling thread's network namespace) with a tcx link;
     returns the link's descriptor: the program stays attached while it (or a pin of it) lives."""
-    return _bpf(BPF_LINK_CREATE, _LinkCreateAttr(prog_fd=prog_fd, target_ifindex=ifindex,
-                                                 attach_type=attach_type, flags=flags))
+    return _call("bpf_link_create", prog_fd, ifindex, attach_type, ct.byref(_opts(LinkCreateOpts, flags=flags)))
 
 
 def tcx_program_ids(ifindex: int, attach_type: int) -> list[int]:
     """Ids of the programs tcx runs on ``ifindex`` (calling thread's namespace), in the order they run."""
     ids = (ct.c_uint32 * 64)()
-    attr = _QueryAttr(target_ifindex=ifindex, attach_type=attach_type, prog_ids=ct.addressof(ids), count=64)
-    _bpf(BPF_PROG_QUERY, attr)
-    return list(ids[:attr.count])
+    opts = _opts(ProgQueryOpts, prog_ids=ct.addressof(ids), prog_cnt=64)
+    _call("bpf_prog_query_opts", ifindex, attach_type, ct.byref(opts))
+    return list(ids[:opts.prog_cnt])
 
 
 @lru_cache(maxsize=1)
@@ -469,48 +432,49 @@ def tcx_supported() -> bool:
         os.close(fd)
 
 
-class RingWakeups:
-    """The kernel's "a pulse opened" signal: a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, Linux 5.8+) whose
-    descriptor epoll reports readable while records wait. Only the wake-up is used, not the records: after a
-    wake the reader moves the consumer position to the producer's (:meth:`drain`), which re-arms it.
+_SAMPLE_FN = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_size_t)   # ring_buffer_sample_fn
 
-    The ring's first page (the consumer position) is mapped read-write and the second (the producer
-    position) read-only, as the kernel lays them out (kernel/bpf/ringbuf.c)."""
+
+class RingWakeups:
+    """The kernel's "a pulse opened" signal: a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, Linux 5.8+) read
+    through libbpf's ``ring_buffer``, whose epoll descriptor is readable while records wait. Only the
+    wake-up is used, not the records: after a wake the reader consumes them (:meth:`drain`), which re-arms
+    it."""
 
     def __init__(self, path: str | None = None, fd: int | None = None) -> None:
-        import mmap
-
         if fd is not None:
             self.fd = os.dup(fd)
         else:
-            p = ct.create_string_buffer(path.encode())
             try:
-                self.fd = _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(p)))
+                self.fd = _obj_get(path)
             except OSError as e:
                 raise FileNotFoundError(errno.ENOENT, f"no pinned BPF ring buffer at {path} ({e.strerror})") from None
-        page = mmap.PAGESIZE
-        try:
-            self._cons = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
-            self._prod = mmap.mmap(self.fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page)
-        except BaseException:
+        self._count = 0
+        self._sample = _SAMPLE_FN(self._on_record)       # kept: libbpf calls it from ring_buffer__consume
+        lib = libbpf()
+        lib.ring_buffer__new.restype = ct.c_void_p
+        self._rb = lib.ring_buffer__new(self.fd, self._sample, None, None)
+        if not self._rb:
+            err = ct.get_errno() or errno.EINVAL
             os.close(self.fd)
-            raise
+            raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
+
+    def _on_record(self, ctx, data, size) -> int:
+        self._count += 1
+        return 0
 
     def fileno(self) -> int:
-        return self.fd
+        """libbpf's epoll descriptor of the ring: readable while records wait."""
+        return _call("ring_buffer__epoll_fd", ct.c_void_p(self._rb))
 
     def drain(self) -> int:
-        """Take every waiting record (unread: the wake-up was the message); returns how many bytes were
-        waiting."""
-        prod = ct.c_uint64.from_buffer_copy(self._prod, 0).value
-        cons = ct.c_uint64.from_buffer_copy(self._cons, 0).value
-        if prod != cons:
-            self._cons[0:8] = prod.to_bytes(8, sys.byteorder)
-        return prod - cons
+        """Take every waiting record (unread: the wake-up was the message); returns how many there were."""
+        self._count = 0
+        _call("ring_buffer__consume", ct.c_void_p(self._rb))
+        return self._count
 
     def close(self) -> None:
         if self.fd >= 0:
-            self._cons.close()
-            self._prod.close()
+            libbpf().ring_buffer__free(ct.c_void_p(self._rb))
             os.close(self.fd)
             self.fd = -1

@@ -15,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # --- system packages -------------------------------------------------------
-pkgs=(bpfcc-tools python3-bpfcc iproute2 ethtool prometheus prometheus-alertmanager python3-venv iperf3 iputils-ping)
+pkgs=(bpfcc-tools python3-bpfcc libbpf1 libbpf-dev iproute2 ethtool prometheus prometheus-alertmanager python3-venv iperf3 iputils-ping)
 if ! [ -d "/lib/modules/$(uname -r)/build" ]; then
     # Distribution headers for the running kernel if they exist, else the
     # distribution's generic ones (tc programs use only stable uapi structs).

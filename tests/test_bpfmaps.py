@@ -1,4 +1,4 @@
-"""bpfmaps without root: the bpf(2) number per architecture, and per-CPU values summed in numpy
+"""bpfmaps without root: per-CPU values summed in numpy
 agree with summing the ctypes structures field by field (what the reader did before)."""
 from __future__ import annotations
 
@@ -9,15 +9,6 @@ import pytest
 
 from netns_testbed import bpfmaps
 from netns_testbed import datapath as dp
-from netns_testbed.errors import EnvironmentProblem
-
-
-def test_bpf_syscall_number_per_architecture():
-    assert bpfmaps.sys_bpf_number("x86_64") == 321
-    assert bpfmaps.sys_bpf_number("aarch64") == 280
-    assert bpfmaps.sys_bpf_number("s390x") == 351
-    with pytest.raises(EnvironmentProblem, match="no bpf.2. syscall number known for architecture 'vax'"):
-        bpfmaps.sys_bpf_number("vax")
 
 
 @pytest.mark.parametrize("mirror", list(dp.C_STRUCTS.values()) + [dp.U64, dp.U32], ids=lambda m: m.__name__)
