@@ -508,3 +508,27 @@ def test_a_lossy_host_link_is_still_found_among_iteration_tails():
         assert alert.evidence.get("test") == "host" and alert.candidates[0] == "leaf0->h1", alert
         delays.append(pulse - 20)
     assert statistics.median(delays) <= 4 and max(delays) <= 20, delays
+
+
+def test_a_detector_with_an_open_asymmetry_alert_saves_and_loads_its_state():
+    """Learned shares that contradict the model open an asymmetry alert; its state is saved like any other
+    (it held a float where its repair test belongs, and saving failed with an AttributeError)."""
+    import json
+
+    from agent.detector import Model
+
+    spec = ModelSpec(seed=1, weights={"leaf1->spine2": 3.0})    # the detectors are not told of the weight
+    model = FabricModel(spec)
+    cfg = DetectorConfig(model=Model.LEARNED)
+    dets = {sw: SwitchDetector(model.fabric, sw, cfg, spec.spray) for sw in model.fabric.switches}
+    for i in range(20):
+        for sw, pc in model.step().items():
+            pc.start_time, pc.end_time = float(i), i + 0.5
+            dets[sw].observe(pc)
+    open_asym = [d for d in dets.values() if any(oa.alert.kind == "asymmetry" for oa in d.active.values())]
+    assert open_asym
+    for d in open_asym:
+        saved = json.loads(json.dumps(d.state()))
+        again = SwitchDetector(model.fabric, d.switch, cfg, spec.spray)
+        again.load_state(saved)
+        assert set(again.active) == set(d.active)
