@@ -45,22 +45,24 @@ class SprayMode(str, Enum):
     A ``str`` enum, written by its value in files and flags; parsed once where it comes in (argparse
     through :func:`flowpulse.argtypes.choice`, files through :meth:`parse`) and carried as the member
     to the datapath's code (``datapath.SPRAY_CODES``, checked against ``bpf/switch.h``), the detector's
-    noise model (``agent.detector.noise.SPRAY_NOISE``) and the counter model's split
-    (``analysis.model.FabricModel``). Adding a mode: a member here with its help, its ``FP_SPRAY_*``
+    noise model (``agent.detector.checks.SPRAY_NOISE``) and the counter model's split
+    (``analysis.model.SPLITS``). Adding a mode: a member here (value and help), its ``FP_SPRAY_*``
     constant and code, its spray in ``switch.c``, its noise entry and its split;
     tests/test_contract.py and tests/test_vocabulary.py fail until each is there.
     """
 
-    RANDOM = "random"   # uniform random uplink per packet: multinomial split
-    RR = "rr"           # round-robin, one rotation per CPU shared by all destinations
-    RRDST = "rrdst"     # round-robin per (CPU, destination leaf): exact per-destination split
+    RANDOM = "random", "uniform random uplink per packet"                      # a multinomial split
+    RR = "rr", "round-robin, one rotation per CPU"                              # shared by all destinations
+    RRDST = "rrdst", "round-robin, one rotation per (CPU, destination leaf): exact per-destination split"
+
+    def __new__(cls, value: str, help: str = "") -> "SprayMode":
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.help = help
+        return member
 
     def __str__(self) -> str:
         return self.value
-
-    @property
-    def help(self) -> str:
-        return _SPRAY_HELP[self]
 
     @classmethod
     def parse(cls, text: "str | SprayMode") -> "SprayMode":
@@ -91,11 +93,6 @@ class Hook(str, Enum):
         return "tcx" if self is Hook.TCX else "tc clsact"
 
 
-_SPRAY_HELP = {
-    SprayMode.RANDOM: "uniform random uplink per packet",
-    SprayMode.RR: "round-robin, one rotation per CPU",
-    SprayMode.RRDST: "round-robin, one rotation per (CPU, destination leaf): exact per-destination split",
-}
 
 
 def check_prefix(prefix: str) -> str:
