@@ -3,6 +3,7 @@ and a busybox initramfs that mounts the host's root over 9p with a tmpfs overlay
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import re
 import shutil
@@ -15,8 +16,12 @@ from netns_testbed.errors import EnvironmentProblem, SpecError
 # Loaded by the initramfs, in this order, to reach the shared root (Debian 6.1 builds them as modules).
 INITRAMFS_MODULES = ("virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
                      "9pnet", "9pnet_virtio", "netfs", "fscache", "9p", "overlay")
+# what the guest's root needs in every kernel; the others are their dependencies in some kernel (fscache is
+# part of netfs from 6.12 on): one missing that nothing in the kernel's modules.dep needs is left out
+ROOT_MODULES = {"virtio_pci", "9pnet_virtio", "9p", "overlay"}
 BUSYBOX = Path("/bin/busybox")
-VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-[a-z0-9]+$")
+# Debian's names: 6.1.0-57-amd64 (the release's own ABI number), 6.12.107+deb12-amd64 (a newer kernel built for it)
+VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(-[0-9]+|\+deb[0-9]+)-[a-z0-9]+$")
 
 INIT = r"""#!/bin/busybox sh
 # flowpulse guest initramfs: the host's / (9p, read-only) under a tmpfs overlay, the results share, then run.sh
@@ -54,8 +59,49 @@ class KernelTree:
     def modules(self) -> Path:
         return self.root / "lib" / "modules" / self.version
 
+    def builtin(self, name: str) -> bool:
+        """Whether the kernel has ``name`` built in (modules.builtin: 6.12's virtio, for one), no .ko to load."""
+        listed = self.modules / "modules.builtin"
+        return listed.exists() and any(line.rsplit("/", 1)[-1] == f"{name}.ko"
+                                       for line in listed.read_text().splitlines())
+
+    def needed(self, name: str) -> bool:
+        """Whether the guest must load ``name``: one of ROOT_MODULES, or a dependency of a module in this
+        kernel's modules.dep (without one, every listed module is)."""
+        dep = self.modules / "modules.dep"
+        if name in ROOT_MODULES or not dep.exists():
+            return True
+        return any(re.search(rf"/{re.escape(name)}\.ko(\.xz)?(\s|$)", line.partition(":")[2])
+                   for line in dep.read_text().splitlines())
+
+    def load_order(self, names: tuple[str, ...]) -> list[str]:
+        """``names`` with each module after the ones it depends on in this kernel's modules.dep (6.12's
+        9pnet needs netfs, 6.1's does not); the given order where nothing says otherwise."""
+        dep = self.modules / "modules.dep"
+        deps: dict[str, list[str]] = {}
+        if dep.exists():
+            def base(path: str) -> str:
+                return path.rsplit("/", 1)[-1].split(".ko")[0]
+            for line in dep.read_text().splitlines():
+                head, _, rest = line.partition(":")
+                deps[base(head)] = [base(x) for x in rest.split()]
+        out: list[str] = []
+
+        def visit(n: str) -> None:
+            if n in out:
+                return
+            for d in deps.get(n, []):
+                if d in names:
+                    visit(d)
+            out.append(n)
+
+        for n in names:
+            visit(n)
+        return out
+
     def module(self, name: str) -> Path:
-        hits = list(self.modules.rglob(f"{name}.ko"))
+        """The module's file: ``name.ko``, or ``name.ko.xz`` as Debian packs 6.12's."""
+        hits = list(self.modules.rglob(f"{name}.ko")) or list(self.modules.rglob(f"{name}.ko.xz"))
         if not hits:
             raise EnvironmentProblem(f"kernel {self.version} has no module {name}.ko: the guest cannot mount its root")
         return hits[0]
@@ -72,7 +118,8 @@ def default_version() -> str:
 
 def check_version(version: str) -> str:
     if not VERSION_RE.match(version):
-        raise SpecError(f"bad kernel version {version!r}: write it as Debian names it, e.g. 6.1.0-57-amd64")
+        raise SpecError(f"bad kernel version {version!r}: write it as Debian names it, e.g. 6.1.0-57-amd64 or "
+                        "6.12.107+deb12-amd64")
     return version
 
 
@@ -120,10 +167,17 @@ def initramfs(tree: KernelTree, out: Path) -> Path:
     (root / "bin").mkdir(parents=True)
     (root / "mods").mkdir()
     shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    for m in INITRAMFS_MODULES:
-        shutil.copy2(tree.module(m), root / "mods" / f"{m}.ko")
+    order = tree.load_order(INITRAMFS_MODULES)
+    for m in order:
+        if tree.builtin(m) or not (tree.needed(m) or list(tree.modules.rglob(f"{m}.ko*"))):
+            continue                     # (init loads the ones it finds)
+        src, dst = tree.module(m), root / "mods" / f"{m}.ko"
+        if src.suffix == ".xz":          # busybox's insmod takes them uncompressed
+            dst.write_bytes(lzma.decompress(src.read_bytes()))
+        else:
+            shutil.copy2(src, dst)
     init = root / "init"
-    init.write_text(INIT % {"modules": " ".join(INITRAMFS_MODULES)})
+    init.write_text(INIT % {"modules": " ".join(order)})
     init.chmod(0o755)
     names = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     listing = ("\n".join(["."] + names) + "\n").encode()

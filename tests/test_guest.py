@@ -36,6 +36,10 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
     with pytest.raises(SpecError, match="e.g. 6.1.0-57-amd64"):
         kernel.check_version("latest")
     assert kernel.check_version("6.1.0-57-amd64") == "6.1.0-57-amd64"
+    assert kernel.check_version("6.12.107+deb12-amd64") == "6.12.107+deb12-amd64"
+    for bad in ("6.12.107+deb12", "6.12.107+deb12-amd64;reboot", "../6.1.0-57-amd64"):
+        with pytest.raises(SpecError):
+            kernel.check_version(bad)
 
 
 def test_keep_must_be_a_directory(tmp_path, capsys):
@@ -103,3 +107,32 @@ def test_the_run_script_hides_nothing_a_checkout_under_tmp_needs():
     assert vm.hidden_in_guest(Path("/run/ci/flowpulse")) == "/run"
     assert vm.hidden_in_guest(Path("/running/flowpulse")) is None
     assert "TMPDIR=/run/tmp" in text
+
+
+@pytest.mark.skipif(not kernel.BUSYBOX.exists(), reason="busybox-static not installed (scripts/test.sh and scripts/guest-test.sh install it)")
+def test_a_612_style_kernel_gets_its_modules_in_dependency_order(tmp_path):
+    """Debian's 6.12: virtio built in, modules xz-packed, 9pnet needing netfs, no fscache module at all."""
+    import lzma
+
+    tree = kernel.KernelTree("6.12.107+deb12-amd64", tmp_path / "k")
+    d = tree.modules / "kernel"
+    d.mkdir(parents=True)
+    for m in ("9pnet", "9pnet_virtio", "netfs", "9p", "overlay"):
+        (d / f"{m}.ko.xz").write_bytes(lzma.compress(b"\x7fELF" + m.encode()))
+    builtin = ["virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci"]
+    (tree.modules / "modules.builtin").write_text("".join(f"kernel/drivers/virtio/{m}.ko\n" for m in builtin))
+    (tree.modules / "modules.dep").write_text(
+        "kernel/9pnet.ko.xz: kernel/netfs.ko.xz\nkernel/9pnet_virtio.ko.xz: kernel/9pnet.ko.xz kernel/netfs.ko.xz\n"
+        "kernel/netfs.ko.xz:\nkernel/9p.ko.xz: kernel/9pnet.ko.xz kernel/netfs.ko.xz\nkernel/overlay.ko.xz:\n")
+    (tree.root / "boot").mkdir(parents=True)
+    tree.vmlinuz.write_bytes(b"kernel")
+    order = tree.load_order(kernel.INITRAMFS_MODULES)
+    assert order.index("netfs") < order.index("9pnet") < order.index("9pnet_virtio") < order.index("9p")
+    out = kernel.initramfs(tree, tmp_path / "initrd.gz")
+    listing = subprocess.run(["cpio", "-t", "--quiet"], input=gzip.decompress(out.read_bytes()),
+                             capture_output=True).stdout.decode().split()
+    assert {f"mods/{m}.ko" for m in ("9pnet", "9pnet_virtio", "netfs", "9p", "overlay")} <= set(listing)
+    assert not any(f"mods/{m}.ko" in listing for m in builtin + ["fscache"])
+    (d / "9p.ko.xz").unlink()                 # a module the root needs, missing: named
+    with pytest.raises(kernel.EnvironmentProblem, match="no module 9p.ko"):
+        kernel.initramfs(tree, tmp_path / "initrd2.gz")

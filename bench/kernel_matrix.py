@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""The kernel-facing tests on each distribution kernel, in the emulated guest, one table at the end.
+
+Runs ``scripts/guest-test.sh --kernel K -- SELECTION`` for every kernel and prints, per kernel: the hook
+its programs attach with (tcx from 6.6, else tc clsact), pytest's passed / failed / skipped, and the
+minutes it took (set-up, download on a first run, boot and pytest). Too long for CI (the guest is
+emulated: no KVM here); CI's test command keeps its 6.1 pass.
+
+  sudo .venv/bin/python bench/kernel_matrix.py                       # 6.1 and 6.12, the default selection
+  sudo .venv/bin/python bench/kernel_matrix.py --kernel 6.12.107+deb12-amd64 -- tests/test_datapath_unit.py
+  sudo .venv/bin/python bench/kernel_matrix.py --json > matrix.json
+
+The default selection is every root test whose outcome the kernel can change: the datapath's programs
+and maps (unit tests, the libbpf layer, the C contract), fabric build and teardown with the counters
+against the kernel's statistics, every fault kind with the BPF injector and with netem, the agents live
+and asleep between pulses, the site agent, and real jobs caught and named. Each kernel needs its
+headers on this machine (BCC compiles against them in the guest): apt-get install linux-headers-K.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ["6.1.0-57-amd64", "6.12.107+deb12-amd64"]
+SELECTION = ["tests/test_datapath_unit.py", "tests/test_bpfmaps.py", "tests/test_libbpf_abi.py", "tests/test_contract.py",
+             "tests/test_fabric.py", "tests/test_silent_faults.py", "tests/test_netem.py", "tests/test_agent_live.py",
+             "tests/test_wakeups.py", "tests/test_site_agent.py", "tests/test_localize_live.py"]
+SUMMARY = re.compile(r"^guest (\S+): (.*) in [0-9.]+s")
+
+
+def hook_of(version: str) -> str:
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return "tcx" if (major, minor) >= (6, 6) else "tc clsact"
+
+
+def counts(summary: str) -> dict[str, int]:
+    out = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary):
+        out["errors" if what.startswith("error") else what] += int(n)
+    return out
+
+
+def run(version: str, selection: list[str], timeout_s: int) -> dict:
+    t0 = time.monotonic()
+    argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--", "--timeout=900", "-rs", *selection]
+    print(f"kernel_matrix: {version}: {' '.join(selection)}", file=sys.stderr, flush=True)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        rc, text = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout or b""
+        rc, text = 124, out.decode(errors="replace") if isinstance(out, bytes) else out
+    summary = next((m.group(2) for line in text.splitlines() if (m := SUMMARY.match(line))), "")
+    row = {"kernel": version, "hook": hook_of(version), "rc": rc, "minutes": round((time.monotonic() - t0) / 60, 1),
+           **counts(summary), "summary": summary or (text.strip().splitlines() or ["no output"])[-1]}
+    print(f"kernel_matrix: {version}: {row['summary']} ({row['minutes']} min)", file=sys.stderr, flush=True)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'kernel':24} {'hook':10} {'passed':>6} {'failed':>6} {'skipped':>7} {'errors':>6} {'minutes':>7}"
+    lines = [head] + [f"{r['kernel']:24} {r['hook']:10} {r['passed']:>6} {r['failed']:>6} {r['skipped']:>7} "
+                      f"{r['errors']:>6} {r['minutes']:>7}" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kernel", action="append", help="a Debian kernel version (repeatable; default: 6.1 and 6.12)")
+    ap.add_argument("--timeout-min", type=int, default=240, help="per kernel, minutes")
+    ap.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
+    ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
+    args = ap.parse_args(argv)
+    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60) for k in (args.kernel or KERNELS)]
+    print(json.dumps(rows, indent=2) if args.json else table(rows))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
