@@ -15,6 +15,7 @@ import binascii
 import contextlib
 import ctypes as ct
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -35,6 +36,7 @@ from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.nsutil import iproute
 from netns_testbed.topo import Fabric, Link, SprayMode, node_kind, node_num
 
+log = logging.getLogger("flowpulse.datapath")
 BPF_DIR = Path(__file__).with_name("bpf")
 SRC = BPF_DIR / "switch.c"
 
@@ -305,7 +307,7 @@ class _Captured:
 @contextlib.contextmanager
 def compiler_output():
     """Collect what BCC's compiler writes to file descriptor 2 (its diagnostics never reach the
-    exception); written on to stderr as it was unless it is the contract's drift, named instead."""
+    exception) and hand it to :func:`log_compiler_output` (the contract's drift is named instead)."""
     got = _Captured()
     sys.stderr.flush()
     saved = os.dup(2)
@@ -319,7 +321,23 @@ def compiler_output():
             tmp.seek(0)
             got.text = tmp.read().decode(errors="replace")
             if got.text and not drift_from(got.text):
-                sys.stderr.write(got.text)
+                log_compiler_output(got.text)
+
+
+def log_compiler_output(text: str) -> None:
+    """The compiler's diagnostics as log records, never raw lines on stderr (an agent's --log-json
+    stream stays JSON). Errors in full; warnings (clang on a newer kernel's headers: 6.12's print
+    -Wignored-attributes and -Wduplicate-decl-specifier) as one line, in full at debug level."""
+    lines = text.rstrip().splitlines()
+    warnings = [line for line in lines if ": warning:" in line]
+    if any(": error:" in line for line in lines):
+        log.error("BCC's compiler said:\n%s", text.rstrip())
+    elif warnings:
+        log.info("BCC's compiler printed %d warning(s) on the kernel headers, the first: %s (-vv shows them all)",
+                 len(warnings), warnings[0].strip())
+        log.debug("BCC's compiler said:\n%s", text.rstrip())
+    else:
+        log.debug("BCC's compiler said:\n%s", text.rstrip())
 
 
 def compile_program(text: str, cflags: list[str], functions: tuple[str, ...]):

@@ -118,3 +118,26 @@ def test_a_copy_of_a_program_names_its_own_maps():
     assert changed == [0, 5, 7]
     with pytest.raises(KeyError):
         patch_map_fds(code, {5: 40})
+
+
+def test_compiler_warnings_become_one_log_record_not_raw_lines(caplog, capfd):
+    """clang on 6.12's headers prints warnings (and their include chains) on fd 2; an agent run with --log-json
+    must keep its stderr JSON: the diagnostics go through logging, one line at info, in full at debug."""
+    import logging
+    import os
+
+    text = ("In file included from <built-in>:4:\narch/x86/include/asm/ibt.h:77:8: warning: 'nocf_check' attribute "
+            "ignored [-Wignored-attributes]\nextern __noendbr u64 ibt_save(bool disable);\n       ^\n"
+            "arch/x86/include/asm/current.h:47:10: warning: multiple identical address spaces [-Wduplicate-decl-specifier]\n")
+    with caplog.at_level(logging.DEBUG, logger="flowpulse.datapath"):
+        with dp.compiler_output():
+            os.write(2, text.encode())
+    assert capfd.readouterr().err == ""                  # nothing raw on stderr
+    infos = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "2 warning(s)" in infos[0].getMessage() and "nocf_check" in infos[0].getMessage()
+    assert any(r.levelno == logging.DEBUG and "In file included" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="flowpulse.datapath"):
+        with dp.compiler_output():
+            os.write(2, b"/virtual/main.c:3:1: error: unknown type name 'u33'\n")
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
