@@ -687,6 +687,58 @@ def test_spans_cross_the_sequence_wrap_and_a_new_connection_starts_over(spine):
     assert spans(spine, 0, c) == {"first": 3, "resent": 0, "new_bytes": 3 * MSS, "span": 7 * MSS}
 
 
+def ack(n: int, sport: int, src=H0, dst=H2, flags="A", payload=b""):
+    """The receiver's ACK of a flow ``src`` -> ``dst`` on ``sport`` (it comes back from ``dst``)."""
+    return tcp(src=dst, dst=src, sport=5000, dport=sport, ack=n % (1 << 32), flags=flags, payload=payload)
+
+
+def test_an_ack_moves_the_reference_of_the_data_that_comes_in_where_it_goes_out(spine):
+    """The receiver's ACKs of a flow from leaf0 cross spine1 towards leaf0 (out of port 0): one beyond
+    the highest end port 0 has seen moves the end, the span grows by what the receiver got over the
+    other spines, and no new bytes come with it. A segment below the acknowledged end is then resent;
+    the next one beyond it is new, and spans only the bytes past the ACK (the sum is the same as
+    without ACKs, only on time)."""
+    spine.reset()
+    c = class_of(H2)
+    base = 90_000
+    for i in (0, 4, 8):                                                # ends at 1, 5 and 9 segments
+        spine.run("ingress", 0, seg(base + i * MSS, sport=41010))
+    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    assert spine.run("ingress", 1, ack(base + 12 * MSS, 41010))[0] == TC_ACT_REDIRECT   # out of port 0
+    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 11 * MSS}
+    spine.run("ingress", 1, ack(base + 10 * MSS, 41010))               # an older ACK, overtaken: nothing
+    spine.run("ingress", 1, ack(base + 12 * MSS, 41010))               # a duplicate ACK: nothing
+    spine.run("ingress", 0, seg(base + 11 * MSS, sport=41010))         # below the acknowledged end: resent
+    assert spans(spine, 0, c) == {"first": 2, "resent": 1, "new_bytes": 2 * MSS, "span": 11 * MSS}
+    spine.run("ingress", 0, seg(base + 12 * MSS, sport=41010))         # the next one: new, spans itself
+    assert spans(spine, 0, c) == {"first": 3, "resent": 1, "new_bytes": 3 * MSS, "span": 12 * MSS}
+    assert spans(spine, 1, class_of(H0)) == {"first": 0, "resent": 0, "new_bytes": 0, "span": 0}
+
+
+def test_a_flow_whose_data_never_arrives_has_a_span_from_its_acks_and_no_new_bytes(spine):
+    """A flow-selective blackhole on leaf0 -> spine1 takes every segment of some flows: the spine sees
+    none of their data, only their ACKs on the way back. The first ACK sets the end, each advance adds
+    to the span of port 0 (the link the data should have come in on): new bytes 0 against a span is
+    the whole loss. ACKs that carry data, SYN-ACKs and ACKs from no fabric leaf add nothing."""
+    spine.reset()
+    c = class_of(H2)
+    base = 123_000
+    spine.run("ingress", 1, ack(base, 41011))
+    assert spans(spine, 0, c)["span"] == 0
+    spine.run("ingress", 1, ack(base + 5 * MSS, 41011))
+    spine.run("ingress", 1, ack(base + 9 * MSS, 41011))
+    assert spans(spine, 0, c) == {"first": 0, "resent": 0, "new_bytes": 0, "span": 9 * MSS}
+    spine.run("ingress", 1, ack(base + 20 * MSS, 41011, payload=b"d" * 100))   # data the other way
+    spine.run("ingress", 1, ack(base + 30 * MSS, 41011, flags="SA"))
+    spine.run("ingress", 1, ack(base + 40 * MSS, 41011, flags="P"))            # no ACK flag
+    assert spans(spine, 0, c)["span"] == 9 * MSS
+    # a new connection on the same addresses and ports starts over from its first ACK
+    spine.run("ingress", 0, seg(7, n=0, sport=41011, flags="S"))
+    spine.run("ingress", 1, ack(555_000, 41011))
+    spine.run("ingress", 1, ack(555_000 + 2 * MSS, 41011))
+    assert spans(spine, 0, c)["span"] == 11 * MSS
+
+
 def test_a_leaf_keeps_spans_on_its_uplinks_by_source_leaf_and_none_for_hosts(leaf):
     """At a leaf the remote leaf is the source's (the uplink names the spine); a host port, and
     packets a leaf sends, keep none. Acknowledgements and UDP carry no sequence span."""

@@ -27,6 +27,8 @@ struct pkt_info {
     u32 seq;        // TCP: the segment's first sequence number (host order)
     u32 payload;    // TCP: payload bytes (from the IPv4 total length)
     u8 syn_rst;     // TCP: SYN or RST set (a connection's sequence space starts over)
+    u8 ack_flag;    // TCP: ACK set (ack holds the cumulative acknowledgement)
+    u32 ack;        // TCP: the acknowledgement number (host order), if ack_flag
     struct iphdr *iph;
 };
 
@@ -134,6 +136,8 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
     pi->seq = 0;
     pi->payload = 0;
     pi->syn_rst = 0;
+    pi->ack_flag = 0;
+    pi->ack = 0;
     pi->iph = 0;
     if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
         return;
@@ -161,6 +165,8 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
             pi->seq = bpf_ntohl(th->seq);
             pi->payload = payload;
             pi->syn_rst = th->syn | th->rst;
+            pi->ack_flag = th->ack;
+            pi->ack = bpf_ntohl(th->ack_seq);
             u8 *opt = (u8 *)(th + 1);
             if (th->doff > 5 && !(th->doff == 8 && (void *)(opt + 4) <= data_end && opt[0] == 1 && opt[1] == 1 &&
                                   opt[2] == 8 && opt[3] == 10)) {

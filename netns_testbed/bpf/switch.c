@@ -75,6 +75,20 @@ static __always_inline u32 flow_hash(struct pkt_info *pi) {
     return h;
 }
 
+// The per-pulse span sums of (port, remote leaf), emptied when the pulse is a new one.
+static __always_inline struct fp_span *span_cell(u32 port, u32 cls, u64 id) {
+    u32 idx = ring_slot(id) * NPORTS * NSRC + port * NSRC + cls;
+    struct fp_span *sp = spans.lookup(&idx);
+    if (sp && sp->pulse != (u32)id) {
+        sp->pulse = id;
+        sp->first = 0;
+        sp->resent = 0;
+        sp->new_bytes = 0;
+        sp->span = 0;
+    }
+    return sp;
+}
+
 // The owner's same-packet reference (switch.h, struct fp_span): a TCP segment that came in on a
 // fabric port moves its flow's highest sequence end on that port, or counts as resent. ``cls`` is
 // the remote leaf's class (1..NLEAVES). A flow's first segment on a port, and the first after its
@@ -100,17 +114,9 @@ static __always_inline void track_span(struct pkt_info *pi, u32 port, u32 cls, u
         f->prev = end;
         return;
     }
-    u32 idx = ring_slot(id) * NPORTS * NSRC + port * NSRC + cls;
-    struct fp_span *sp = spans.lookup(&idx);
+    struct fp_span *sp = span_cell(port, cls, id);
     if (!sp)
         return;
-    if (sp->pulse != (u32)id) {
-        sp->pulse = id;
-        sp->first = 0;
-        sp->resent = 0;
-        sp->new_bytes = 0;
-        sp->span = 0;
-    }
     if (adv <= 0) {
         if ((s32)(pi->seq - f->prev) >= 0 && adv < 0) {
             sp->first += 1;   // late inside the last advance: the port's own, overtaken (switch.h)
@@ -125,6 +131,36 @@ static __always_inline void track_span(struct pkt_info *pi, u32 port, u32 cls, u
     sp->first += 1;
     sp->new_bytes += (u32)adv < pi->payload ? (u32)adv : pi->payload;
     sp->span += (u32)adv;
+}
+
+// The same reference from the flow's acknowledgements (switch.h): a spine forwards the ACKs of the
+// flows whose data comes in on ``port`` (they go out of it), and an ACK beyond the flow's highest
+// end there moves the end to it: the receiver has those bytes, so they crossed some spine. A flow
+// whose data never reaches this port (a flow-selective blackhole on the link into it) still has its
+// ACKs come by: its span grows and its new bytes do not. Only pure ACKs are read (no payload, no
+// SYN or RST): a segment with data is its own flow's, and its acknowledgement rides on the ACKs
+// that follow. ``cls`` is the data's destination leaf (the ACK's source).
+static __always_inline void track_ack(struct pkt_info *pi, u32 port, u32 cls, u64 id) {
+    if (pi->kind != FP_KIND_TCP_CTRL || !pi->ack_flag || pi->syn_rst)
+        return;
+    struct fp_flow_key key = {.saddr = pi->daddr, .daddr = pi->saddr,
+                              .ports = (pi->ports << 16) | (pi->ports >> 16), .port = port};
+    struct fp_flow *f = flows.lookup(&key);
+    if (!f) {
+        struct fp_flow fresh = {.end = pi->ack, .prev = pi->ack};
+        flows.update(&key, &fresh);
+        return;
+    }
+    s32 adv = (s32)(pi->ack - f->end);
+    if (adv <= 0)
+        return;               // acknowledged below what the port has seen: nothing new
+    f->end = pi->ack;         // everything below is the receiver's: a segment there now is resent
+    f->prev = pi->ack;
+    if (adv > (s32)FP_SPAN_LIMIT)
+        return;               // no window moves that far: the flow starts over
+    struct fp_span *sp = span_cell(port, cls, id);
+    if (sp)
+        sp->span += (u32)adv;
 }
 
 // Returns 1 if the packet must be dropped.
@@ -225,6 +261,9 @@ int fp_ingress(struct __sk_buff *skb) {
         u32 cls = !cfg->leaf_class ? pi.dst_leaf : port < cfg->nuplinks ? pi.src : 0;
         if (cls >= 1 && cls <= NLEAVES)
             track_span(&pi, port, cls, id);
+        // a spine's ACKs towards leaf L (out of its port L) carry the reference of the data coming in there
+        if (!cfg->leaf_class && pi.src >= 1 && pi.src <= NLEAVES && pi.dst_leaf >= 1 && pi.dst_leaf <= NPORTS)
+            track_ack(&pi, pi.dst_leaf - 1, pi.src, id);
     }
     if (pi.kind == FP_KIND_BADHDR)
         return TC_ACT_OK;  // never forward it: the kernel's IP input discards it (InCsumErrors)

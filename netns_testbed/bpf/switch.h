@@ -133,6 +133,14 @@ struct fp_prefix_key {
 // port's segments have moved the end on, and lies below the last advance.
 // The remote leaf is the packet's destination leaf at a spine (its ingress port is the source
 // leaf), the source leaf at a leaf (its uplink is the spine).
+// At a spine the flow's ACKs move the same end (switch.c, track_ack): a pure ACK from leaf M to leaf
+// A goes out of the port its data comes in on, and an acknowledgement beyond the highest end there
+// spans bytes the receiver has, whichever spine they crossed. A fault on leafA->spineK that takes
+// every segment of some flows (a flow-selective blackhole) leaves those flows no segment on the port
+// to move the end; their ACKs go the other way (leafM->spineK->leafA, links the fault does not
+// touch), a share of them through spine K, each carrying the whole acknowledgement, and the flows'
+// spans grow with no new bytes. A leaf has no such view: its uplinks carry the flows' data in and their ACKs out over
+// other spines' ports than the one the data missed.
 #define FP_FLOWS 8192            // flows tracked per switch (LRU: the least recent is evicted)
 #define FP_SPAN_LIMIT (1U << 24) // an advance beyond this is no flow's window: the flow starts over
 
