@@ -45,8 +45,8 @@ from typing import Callable, Protocol
 from agent import verdictauth
 from agent.detector import SwitchDetector
 from agent.detector.alerts import Alert, AlertEvent, AlertKind, CheckKind
-from agent.detector.verdict import (Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from, path_evidence,
-                                   settle)
+from agent.detector.verdict import (MODEL_ERROR, Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from,
+                                   path_evidence, settle)
 from netns_testbed import untrusted
 from netns_testbed.safefiles import read_bounded, write_atomic
 from netns_testbed.untrusted import REFUSED, BadInput
@@ -60,7 +60,8 @@ VERDICT_FORMAT = 3
 
 
 class EvidenceSource(Protocol):
-    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None: ...
+    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float,
+                 toward: str | None = None) -> LinkEvidence | None: ...
 
     def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None: ...
 
@@ -71,9 +72,10 @@ class LocalEvidence:
     def __init__(self, detectors: Callable[[], dict]) -> None:
         self.detectors = detectors
 
-    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
+    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float,
+                 toward: str | None = None) -> LinkEvidence | None:
         det = self.detectors().get(owner)
-        return det.owner.owned_evidence(link, since, loss) if det is not None else None
+        return det.owner.owned_evidence(link, since, loss, toward) if det is not None else None
 
     def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
         det = self.detectors().get(leaf)
@@ -98,12 +100,14 @@ class ExportedVerdicts:
         """``owner``'s verdict document as text; FileNotFoundError if it has none."""
         raise NotImplementedError
 
-    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
+    def evidence(self, owner: str, link: Link, since: float | Sequence[Span], loss: float,
+                 toward: str | None = None) -> LinkEvidence | None:
         if self.local is not None:
-            ev = self.local.evidence(owner, link, since, loss)
+            ev = self.local.evidence(owner, link, since, loss, toward)
             if ev is not None:
                 return ev
-        return self._exported(owner, link.name, since, loss)
+        return self._exported(owner, link.name if toward is None else f"{link.name}->{toward}", since, loss,
+                              open_link=link.name)
 
     def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
         if self.local is not None:
@@ -113,7 +117,7 @@ class ExportedVerdicts:
         return self._exported(leaf, name, since, 0.0, path=True)
 
     def _exported(self, owner: str, name: str, since: float | Sequence[Span], loss: float,
-                  path: bool = False) -> LinkEvidence | None:
+                  path: bool = False, open_link: str | None = None) -> LinkEvidence | None:
         """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file: none if the file is
         missing, stale, of another format, or bad (counted in ``flowpulse_bad_input_total{source="verdict"}``,
         one log line; see :func:`check_verdict`)."""
@@ -144,7 +148,8 @@ class ExportedVerdicts:
             if path:
                 ev = path_evidence(ledger, d["cells"][name], since, name, owner)
             else:
-                ev = evidence_from(ledger, d["cells"][name], since, name, owner, name in d.get("open_links", []), loss)
+                ev = evidence_from(ledger, d["cells"][name], since, name, owner,
+                                   (open_link or name) in d.get("open_links", []), loss)
         except (ArithmeticError, ValueError) as e:      # numbers that hold to the schema but no estimate can use
             REFUSED.refuse("verdict", f, f"ledger: {type(e).__name__}: {e}")
             return None
@@ -214,11 +219,21 @@ def write_verdicts(directory: Path, det: SwitchDetector, key: bytes | None = Non
 
 def verdict_document(det: SwitchDetector, key: bytes | None = None) -> str | None:
     """A detector's verdict evidence as the JSON text of its verdict file (None if it gives none)."""
-    if det.owner.ledger is None:
+    ledger = det.owner.ledger
+    if ledger is None:
         return None
-    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": det.owner.ledger.ncells,
-         "reference": str(det.owner.ledger.reference), "cells": det.owner.owned_cells(), "ledger": det.owner.ledger.state(),
-         "open_links": sorted(det.owner.open_loss_links())}
+    # Every link's cell, and of the others (a spine's per destination leaf, a leaf's paths) those judged in
+    # a kept pulse: the rest give no evidence, and a spine of a 32-leaf fabric keeps 1,056 cells, most of
+    # them never judged (a ring sends each leaf's data to one or two others).
+    cells = det.owner.owned_cells()
+    judged = ledger.judged_cells()
+    keep = sorted({c for name, c in cells.items() if name.count("->") == 1 or c in judged}) or sorted(set(cells.values()))
+    if not keep:
+        keep = list(range(ledger.ncells))
+    index = {c: i for i, c in enumerate(keep)}
+    d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": len(keep),
+         "reference": str(ledger.reference), "cells": {n: index[c] for n, c in cells.items() if c in index},
+         "ledger": ledger.state(keep), "open_links": sorted(det.owner.open_loss_links())}
     return json.dumps(verdictauth.sign(key, d) if key is not None else d)
 
 
@@ -324,15 +339,31 @@ class IncidentTracker:
         path = self._path(up, a.switch, window)
         if path is not None and path.start is not None:
             window = window[:-1] + [(path.start, math.inf)]     # where the leaf's own evidence says it began
-        ev = self._evidence(up, window, rate)
-        if ev is not None and ev.reference is Reference.SPAN and path is not None:
+        # Spine K's evidence on the flows this leaf misses: its cell of leaf A's flows towards this leaf
+        # (the same packets as the path's), or where it judged none there (too few segments: a path that
+        # carries only ACKs), on everything that came in from leaf A.
+        ev = self._evidence(up, window, rate, toward=a.switch)
+        same_flows = ev is not None and not math.isinf(ev.sd)
+        if not same_flows:
+            ev = self._evidence(up, window, rate)
+        sd = float((a.evidence or {}).get("rate_sd") or max(rate / 4, 1e-4))
+        agrees = path is not None and _path_agrees(path, rate, sd)
+        if ev is not None and ev.reference is Reference.SPAN and agrees:
             # Both ends judge the same packets: spine K the link from leaf A, this leaf the path through
             # spine K. Upstream, both read the loss; downstream, spine K reads none. The leaf's rate is its
             # own path's (no model between two tests), its sd the path evidence's.
             verdict, llr = settle(ev, path.rate, path.sd, model_error=0.0)
         else:
-            sd = float((a.evidence or {}).get("rate_sd") or max(rate / 4, 1e-4))
             verdict, llr = settle(ev, rate, sd)
+        blind = verdict is Verdict.DOWNSTREAM and ev is not None and ev.reference is Reference.SPAN \
+            and not same_flows and not agrees
+        if blind:
+            # Spine K judged none of the flows this leaf misses (a path that carries only ACKs, or too few
+            # segments), and nothing says the loss takes every flow alike: its whole port reading intact
+            # clears leaf A's other flows, not these (live: a quarter of leaf2->spine1's flows blackholed,
+            # pure ACKs towards leaf3: leaf3 missed 57% of them, spine1's port read -0.09% +- 0.17%, and
+            # the verdict named the healthy spine1->leaf3). It stays localizing.
+            verdict = Verdict.UNDECIDED
         detail = {"owner": up.dst, "verdict": str(verdict),
                   "llr_upstream": None if math.isinf(llr) else round(llr, 2),
                   **({"owner_evidence": ev.to_dict()} if ev else {}),
@@ -343,14 +374,21 @@ class IncidentTracker:
             att = Attribution(down, [down], f"{up.dst}'s verdict: its link from {up.src} is intact", detail)
         else:
             why = "no verdict from " + up.dst if verdict is Verdict.UNJUDGED else "waiting for " + up.dst + "'s verdict"
+            if blind:
+                why = f"{up.dst} judges none of {up.src}'s flows towards {a.switch}"
             return Attribution(None, cands, f"localizing: {why}", detail)
         self.decided[a.alert_id] = att
         return att
 
-    def _evidence(self, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
+    def _evidence(self, link: Link, since: float | Sequence[Span], loss: float,
+                  toward: str | None = None) -> LinkEvidence | None:
         """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``, for an alert of
-        rate ``loss``."""
-        return self.source.evidence(link.dst, link, since, loss) if self.source is not None else None
+        rate ``loss``; with ``toward``, on the link's flows towards that leaf alone (None if the owner
+        keeps no such cell)."""
+        if self.source is None:
+            return None
+        return self.source.evidence(link.dst, link, since, loss, toward) if toward else \
+            self.source.evidence(link.dst, link, since, loss)
 
     def _path(self, up: Link, leaf: str, since: float | Sequence[Span]) -> LinkEvidence | None:
         """The alerting leaf's own same-packet evidence on the path ``up`` then ``spineK->leaf``, if it
@@ -453,6 +491,23 @@ def _burst_key(a: Alert) -> tuple[str, str]:
 def _onset(a: Alert) -> float:
     """An alert's estimated onset (older events: its pulse start or time)."""
     return float(a.onset_time or a.pulse_start or a.time)
+
+
+# How far (sd) a leaf's path evidence may read below its alert's rate and still stand in for it.
+PATH_AGREES_Z = 3.0
+
+
+def _path_agrees(path: LinkEvidence, rate: float, rate_sd: float) -> bool:
+    """Whether a leaf's same-packet evidence on a path reads the loss its alert (a count of packets per
+    source and uplink) does. A leaf's reference follows each flow on the port its segments come in on:
+    a fault that takes whole flows on ``leafA->spineK`` (a flow-selective blackhole) leaves them no
+    segment there to follow, and the path reads none of the loss its alert counts (live, ``partial=0.5``
+    on leaf1->spine0: the alert 60%, the path -0.04% +- 0.7%). Then the alert's own rate is the one spine
+    K's evidence is held against. One-sided: an alert's rate at detection reads high (it is the window
+    that crossed the threshold), never low. The alert's sd, the path's and the model error between the
+    two tests (:data:`MODEL_ERROR`) make the scale."""
+    scale = math.sqrt(path.sd ** 2 + rate_sd ** 2 + (MODEL_ERROR * max(rate, 0.0)) ** 2)
+    return path.rate >= rate - PATH_AGREES_Z * scale
 
 
 def _standing_out(evs: list[LinkEvidence | None]) -> list[LinkEvidence]:

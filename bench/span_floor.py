@@ -61,7 +61,7 @@ def span_rates(fabric: Fabric, switch: str, pulses) -> dict[str, list[tuple[floa
     for pc in pulses:
         if pc.span is None:
             continue
-        smp = chk._span(pc) if spine else chk.samples(pc).path
+        smp = chk._span(pc)[0] if spine else chk.samples(pc).path
         for cell in zip(*np.nonzero(smp.mask)):
             name = f"leaf{cell[0]}->{switch}" if spine else f"leaf{cell[0]}->spine{cell[1]}->{switch}"
             out.setdefault(name, []).append((pc.start_time, float(smp.r[cell] / smp.s[cell]), float(smp.s[cell])))
@@ -77,7 +77,7 @@ def noise_samples(fabric: Fabric, switch: str, pulses, onset: float) -> list[tup
     for pc in pulses:
         if pc.span is None or pc.start_time >= onset - 0.05:
             continue
-        smp = chk._span(pc)
+        smp = chk._span(pc)[0]
         for x in np.flatnonzero(smp.mask):
             out.append((float(smp.r[x]) ** 2, float(smp.u[x, 0]), float(smp.u[x, 1])))
     return out

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from agent.detector.verdict import (DECIDE_LR, Ledger, LinkEvidence, Verdict, evidence_from, settle, spans,
+from agent.detector.verdict import (DECIDE_LR, Ledger, LinkEvidence, Reference, Verdict, evidence_from, settle, spans,
                                     sprt_pulses)
 from agent.incidents import IncidentTracker, summarize
 from analysis.model import ModelSpec
@@ -69,7 +69,9 @@ class SwitchableOwner:
     def __init__(self):
         self.lossy = False
 
-    def evidence(self, owner, link, since, loss):
+    def evidence(self, owner, link, since, loss, toward=None):
+        if toward:
+            return None        # no cell per destination leaf: the owner's whole link
         return LinkEvidence(link.name, owner, 0.01 if self.lossy else 0.005, 0.01, 3, self.lossy)
 
 
@@ -77,6 +79,74 @@ def ambiguous_alert(leaf: str, uplink: str, owned: str, t: float) -> dict:
     return {"event": "alert", "alert_id": f"{leaf}/1/in/loss", "time": t, "switch": leaf, "port": 1, "link": None,
             "candidates": [uplink, owned], "kind": "loss", "estimated_rate": 0.015, "onset_time": t,
             "evidence": {"rate_sd": 0.004}}
+
+
+class FlowSelectiveOwner:
+    """Evidence on a fault that takes whole flows on leaf1->spine0 (``upstream``) or on spine0->leaf2: the
+    leaf's path evidence follows each flow on its port and reads none of it (the flows it lost have no
+    segment there); spine0's port from leaf1 reads a trace of it (leaf1's other flows, towards other
+    leaves, dilute it); spine0's cell of leaf1's flows towards leaf2 reads all of it when upstream."""
+
+    def __init__(self, upstream: bool):
+        self.upstream = upstream
+
+    def evidence(self, owner, link, since, loss, toward=None):
+        if toward:
+            return LinkEvidence(f"{link.name}->{toward}", owner, 0.5 if self.upstream else -0.01, 0.03, 3, False,
+                                Reference.SPAN)
+        return LinkEvidence(link.name, owner, 0.004, 0.003, 3, False, Reference.SPAN)
+
+    def path(self, leaf, name, since):
+        return LinkEvidence(name, leaf, -0.0004, 0.006, 3, False, Reference.SPAN, start=1.0)
+
+
+@pytest.mark.parametrize("upstream", [True, False])
+def test_a_flow_selective_fault_is_judged_on_the_flows_the_leaf_misses(upstream):
+    """A partial blackhole (live: ``partial=0.5`` on leaf1->spine0) takes whole flows. The leaf's alert
+    counts them missing (60%); its path evidence and spine0's whole port read next to nothing, and held
+    against each other they never settle (or settle by chance). Spine0's cell of leaf1's flows towards
+    the alerting leaf holds the same flows: it names leaf1->spine0 when it lost them, spine0->leaf2 when
+    they came in whole."""
+    tr = IncidentTracker(Fabric(FabricSpec()), FlowSelectiveOwner(upstream))
+    alert = {**ambiguous_alert("leaf2", "leaf1->spine0", "spine0->leaf2", 1.0), "estimated_rate": 0.6,
+             "evidence": {"rate_sd": 0.02}}
+    evs = tr.feed(alert)
+    named = [e for e in evs if e.get("link")]
+    want = "leaf1->spine0" if upstream else "spine0->leaf2"
+    assert [e["link"] for e in named] == [want], evs
+    assert named[0]["evidence"]["owner_evidence"]["link"] == "leaf1->spine0->leaf2"
+
+
+def test_a_path_the_spine_judges_none_of_is_not_cleared_by_its_whole_port():
+    """Live: a quarter of leaf2->spine1's flows blackholed, the ones it took pure ACKs towards leaf3 (leaf2
+    sends its data to leaf1). Leaf3 missed 57% of them; spine1 has no data of leaf2's towards leaf3 to
+    judge (no cell per destination), and its whole port read -0.09% +- 0.17%: held against the alert's
+    57% that settled "intact" and named the healthy spine1->leaf3. Its port clears leaf2's data flows,
+    not these: the incident stays localizing and says why. A uniform loss the leaf's own path evidence
+    reads is still settled by the port (the flows it judges are the path's)."""
+
+    class Owner:
+        def __init__(self, path_rate):
+            self.path_rate = path_rate
+
+        def evidence(self, owner, link, since, loss, toward=None):
+            if toward:
+                return None
+            return LinkEvidence(link.name, owner, -0.0009, 0.0017, 2, False, Reference.SPAN)
+
+        def path(self, leaf, name, since):
+            if self.path_rate is None:
+                return None        # no data from leaf2 to leaf3: the leaf keeps no path evidence
+            return LinkEvidence(name, leaf, self.path_rate, 0.002, 3, False, Reference.SPAN, start=1.0)
+
+    alert = {**ambiguous_alert("leaf3", "leaf2->spine1", "spine1->leaf3", 1.0), "estimated_rate": 0.57,
+             "evidence": {"rate_sd": 0.136}}
+    evs = IncidentTracker(Fabric(FabricSpec()), Owner(None)).feed(alert)
+    assert [e.get("link") for e in evs] == [None], evs
+    assert evs[0]["how"] == "localizing: spine1 judges none of leaf2's flows towards leaf3", evs
+    uniform = {**alert, "estimated_rate": 0.02, "evidence": {"rate_sd": 0.005}}
+    evs = IncidentTracker(Fabric(FabricSpec()), Owner(0.019)).feed(uniform)
+    assert [e.get("link") for e in evs] == ["spine1->leaf3"], evs
 
 
 @pytest.mark.parametrize("named_first", [False, True])
@@ -121,7 +191,9 @@ def test_verdict_uses_only_evidence_from_after_the_onset():
     calls = []
 
     class Owner:
-        def evidence(self, owner, link, since, loss):
+        def evidence(self, owner, link, since, loss, toward=None):
+            if toward:
+                return None
             calls.append((owner, link.name, spans(since)))
             return LinkEvidence(link.name, owner, 0.0098, 0.002, 3, False) if min(spans(since))[0] >= 100 else \
                 LinkEvidence(link.name, owner, 0.0001, 0.0002, 103, False)
@@ -151,7 +223,9 @@ def test_a_flapping_fault_is_judged_over_its_bursts_and_never_between_them():
                        np.array([True]))
 
     class Owner:
-        def evidence(self, owner, link, since, rate):
+        def evidence(self, owner, link, since, rate, toward=None):
+            if toward:
+                return None
             return evidence_from(ledger, 0, since, link.name, owner, False, rate)
 
     tr = IncidentTracker(fab, Owner())

@@ -7,6 +7,7 @@ recorded live run the balance could not localize is named one iteration after de
 The kernel side (what the sums count, retransmissions never new) is tests/test_datapath_unit.py's."""
 from __future__ import annotations
 
+import json
 import dataclasses
 import math
 from pathlib import Path
@@ -79,6 +80,23 @@ def test_span_samples_read_the_loss_the_sums_were_made_with():
     assert smp.u[1].tolist() == [2500.0, 9.0]
 
 
+def test_a_cell_whose_flows_lost_every_segment_is_judged_with_the_ports_segment_size():
+    """A spine's cells per destination leaf (SpineCheck._span): one whose flows lost every segment into
+    the port (a flow-selective blackhole) has spans from their ACKs and nothing new. Without a segment
+    seen the cell cannot size its own; the port's mean segment stands in, and the cell reads a loss of
+    all it should have had. Without ``seg_unseen`` it is not judged at all (nothing seen)."""
+    sp = np.stack([sums(2500, 0, 0.25), sums(0, 0, 0.25), sums(8, 0, 0.25)])
+    sp[1, SPAN] = 400 * MSS                         # 100 segments expected through this spine, none came
+    sp[2, SPAN] = 400 * MSS                         # 8 of 100 came
+    plain = span_samples(sp, np.full(3, 0.25), np.ones(3, bool), min_pkts=20)
+    assert plain.mask.tolist() == [True, False, False]
+    smp = span_samples(sp, np.full(3, 0.25), np.ones(3, bool), min_pkts=20, seg_unseen=np.full(3, float(MSS)))
+    assert smp.mask.tolist() == [True, True, True]
+    assert np.allclose(smp.r / smp.s, [0.0, 1.0, 0.92])
+    unsized = span_samples(sp, np.full(3, 0.25), np.ones(3, bool), min_pkts=20, seg_unseen=np.full(3, np.inf))
+    assert unsized.mask.tolist() == [True, False, False]     # a port that saw no segment sizes nothing
+
+
 def test_the_ledger_weighs_a_pulse_by_its_cells_usual_resent_level_not_its_own():
     """A loss's retransmissions are the same pulse's resent segments: weighed by its own, a pulse that lost
     more counts less and the rate reads low. The level is what came before."""
@@ -113,7 +131,7 @@ def test_the_model_keeps_the_live_references_healthy_scatter():
     sds = []
     for k in range(4):
         chk = SpineCheck(fab, f"spine{k}", SprayMode.RRDST, DetectorConfig(), {}, [], set())
-        rates = np.array([(lambda s: s.r / s.s)(chk._span(pc)) for pc in out[f"spine{k}"]])
+        rates = np.array([(lambda s: s.r / s.s)(chk._span(pc)[0]) for pc in out[f"spine{k}"]])
         sds += list(rates.std(axis=0))
     assert 0.0008 < np.median(sds) < 0.002, sds
 
@@ -229,3 +247,14 @@ def test_exported_verdict_files_give_the_same_span_evidence_as_the_detectors(tmp
     path = "leaf1->spine2->leaf2"
     a, b = files.path("leaf2", path, 25.0), local.path("leaf2", path, 25.0)
     assert a == b and a.reference is Reference.SPAN and a.start == 30.0 and a.rate > 0.005
+    # spine2's cell of leaf1's flows towards a leaf they go to, through its file as in process
+    towards = [n.rsplit("->", 1)[1] for n, c in dets["spine2"].owner.owned_cells().items()
+               if n.startswith("leaf1->spine2->") and c in dets["spine2"].owner.ledger.judged_cells()]
+    assert towards
+    a, b = files.evidence("spine2", link, 30.0, 0.01, towards[0]), local.evidence("spine2", link, 30.0, 0.01, towards[0])
+    assert a == b and a.link == f"leaf1->spine2->{towards[0]}" and a.rate > 0.005
+    # the file holds every link's cell and the judged others only
+    doc = json.loads((tmp_path / "spine2.json").read_text())
+    led = dets["spine2"].owner.ledger
+    assert doc["ncells"] == len(doc["cells"]) < led.ncells == 4 + 16
+    assert {n for n in doc["cells"] if n.count("->") == 1} == {f"leaf{a}->spine2" for a in range(4)}

@@ -125,8 +125,8 @@ def test_a_forged_verdict_file_changes_no_incident(tmp_path):
 
     def forge(i: int, dets: dict) -> None:
         doc = json.loads(verdict_document(dets["spine1"]))
-        cell = doc["cells"].get(fault)
-        if cell is not None:
+        cells = [c for name, c in doc["cells"].items() if name == fault or name.startswith(fault + "->")]
+        for cell in cells:                        # the link's cell and its cells per destination leaf
             for row in doc["ledger"]:
                 row[1][cell] = 0.0                # no deficit: "intact"
         doc["open_links"] = []                    # and no alert open on it

@@ -251,19 +251,29 @@ def path_name(source: int, spine: int, leaf: str) -> str:
 
 
 def span_samples(sp: np.ndarray, share: np.ndarray | None, judged: np.ndarray, min_pkts: float,
-                 expected_bytes: np.ndarray | None = None) -> Samples:
+                 expected_bytes: np.ndarray | None = None, seg_unseen: np.ndarray | None = None) -> Samples:
     """The same-packet reference over cells (bpf/switch.h, struct fp_span): ``sp[..., field]`` the span
     sums of each cell, ``share`` the spray share of its flows that should cross it (or
     ``expected_bytes`` given). What should have come in, the share of the flows' sequence spans, against
     the new bytes that did, in segments of the cell's mean size: ``r = e - observed``, ``s = e`` (a loss
     p takes p of them), ``u = (e, resent)`` (:class:`agent.detector.noise.SpanNoise`). A cell is judged
-    with at least ``min_pkts`` segments expected and seen."""
+    with at least ``min_pkts`` segments expected and seen.
+
+    ``seg_unseen``: the segment size (bytes) of cells that saw fewer than ``min_pkts`` new segments,
+    which are then judged on the segments expected alone. A spine's cell of one destination leaf has
+    its spans from the flows' ACKs too (bpf/switch.c, track_ack): a flow whose every segment into the
+    port is lost (a flow-selective blackhole) has a span there and no segment to measure its size by;
+    the port's mean segment over all its cells stands in."""
     sp = sp.astype(float)
     new_b, first, resent = sp[..., SPAN_NEW], sp[..., SPAN_FIRST], sp[..., SPAN_RESENT]
     exp_b = share * sp[..., SPAN_BYTES] if expected_bytes is None else expected_bytes
     seg = np.divide(new_b, first, out=np.ones_like(new_b), where=first > 0)   # the cell's mean segment, bytes
+    seen = first >= min_pkts
+    if seg_unseen is not None:
+        seg = np.where(seen, seg, np.maximum(np.broadcast_to(seg_unseen, seg.shape), 1.0))
+        seen = np.ones_like(seen)
     e, obs = exp_b / seg, new_b / seg
-    mask = judged & (first >= min_pkts) & (e >= min_pkts)
+    mask = judged & seen & (e >= min_pkts)
     u = np.stack([np.where(mask, e, 1.0), np.where(mask, resent, 0.0)], axis=-1)
     return Samples(np.where(mask, e - obs, 0.0), u, np.where(mask, e, 0.0), mask, e, obs)
 
@@ -549,8 +559,11 @@ class SpineCheck:
         self._held: Samples | None = None                               # the pulse waiting for its successor
         self.noise = NoiseModel(SPRAY_NOISE[spray].spine_prior, cfg.prior_dof, VAR_FLOOR)
         self.span_noise = SpanNoise(SPRAY_NOISE[spray].span_prior, SPAN_PRIOR_R, cfg.prior_dof, VAR_FLOOR)
-        self.ledger = Ledger(L, reference=BALANCE)                      # the owner's verdict evidence, per port
+        # the owner's verdict evidence: per port (cell a, see owned_cell), then per port and destination
+        # leaf (cell L + a L + b, see path_cell; the same-packet reference only)
+        self.ledger = Ledger(L + L * L, reference=BALANCE)
         self.resent = ResentLevel((L,))
+        self.path_resent = ResentLevel((L, L))
 
     def set_shares(self, weights: dict[str, float], oos: Sequence[Link]) -> None:
         """The share of each leaf pair's traffic that crosses this spine, and the ports it can judge, with
@@ -591,15 +604,22 @@ class SpineCheck:
         in as resent), the same at every spine; what names ``leafA->spineK`` alone must not move with
         that. A leaf's alert on one uplink asks for it, with its own path's evidence beside it
         (agent.incidents)."""
+        L2 = self.L * self.L
         if pc.span is not None:
             self.ledger.reference = SPAN
-            ref = self._span(pc)
-            self.ledger.add(pc.start_time, ref.r, self.span_noise.variance(self.resent.weights(ref.u, ref.mask)),
-                            ref.s, np.zeros(self.L), ref.mask)
+            ref, dest = self._span(pc)
+            v = self.span_noise.variance(self.resent.weights(ref.u, ref.mask))
+            vd = self.span_noise.variance(self.path_resent.weights(dest.u, dest.mask))
+            self.ledger.add(pc.start_time, np.concatenate([ref.r, dest.r.ravel()]), np.concatenate([v, vd.ravel()]),
+                            np.concatenate([ref.s, dest.s.ravel()]), np.zeros(self.L + L2),
+                            np.concatenate([ref.mask, dest.mask.ravel()]))
         cur, r_own, u_own, counted = self._balance(pc)
         cur.start_time = pc.start_time
         if pc.span is None:
-            self.ledger.add(pc.start_time, r_own, self.noise.variance(u_own), cur.s, cur.expected, counted)
+            z = np.zeros(L2)
+            self.ledger.add(pc.start_time, np.concatenate([r_own, z]), np.concatenate([self.noise.variance(u_own), z + 1]),
+                            np.concatenate([cur.s, z]), np.concatenate([cur.expected, z]),
+                            np.concatenate([counted, np.zeros(L2, bool)]))
         else:
             cur.path = ref
         prev, self._held = self._held, cur
@@ -661,7 +681,7 @@ class SpineCheck:
         ring = mask & (np.abs(gap) <= GROSS_SHARE * np.maximum(expected, inn))
         return Samples(r, u, s, ring, expected, inn), r_own, u_own, mask
 
-    def _span(self, pc: PulseCounts) -> Samples:
+    def _span(self, pc: PulseCounts) -> tuple[Samples, Samples]:
         """The same-packet reference per port (bpf/switch.h, struct fp_span): what leaf a's flows through
         this spine should have brought, the spray share of their sequence spans per destination leaf,
         against the new bytes that came in on port a, in segments of the port's mean size. A loss p on
@@ -669,13 +689,23 @@ class SpineCheck:
         ``r = p e`` with ``e`` the segments expected, whatever the workload, the pulse's timing or the
         retransmissions (which are told apart by sequence). The rate is the link's own: a leaf
         downstream sees the same segments missing. No confirmation by the next pulse: a stall that cuts
-        an iteration moves spans and new bytes together."""
+        an iteration moves spans and new bytes together.
+
+        Second, the same per port and destination leaf b: the packets a leaf's path evidence counts
+        (``leafa->spineK->leafb``, the same flows), which a verdict on that leaf's alert reads. A fault
+        that takes only some flows (a flow-selective blackhole) can leave the port's sum nearly whole
+        while the flows towards b lose all their segments here; their spans still come from the ACKs
+        (bpf/switch.c, track_ack), sized by the port's mean segment (:func:`span_samples`)."""
         L = self.L
         sp = pc.span[:L, 1:L + 1, :].astype(float)          # [port a, destination leaf b, field]
-        smp = span_samples(sp.sum(axis=1, keepdims=True), None, self.span_judged[:, None], self.cfg.min_cell_pkts,
+        port = sp.sum(axis=1, keepdims=True)
+        smp = span_samples(port, None, self.span_judged[:, None], self.cfg.min_cell_pkts,
                            expected_bytes=(self.wk * sp[:, :, SPAN_BYTES]).sum(axis=1, keepdims=True))
-        return Samples(smp.r[:, 0], smp.u[:, 0], smp.s[:, 0], smp.mask[:, 0], smp.expected[:, 0],
-                       smp.observed[:, 0], start_time=pc.start_time)
+        seg = np.divide(port[..., SPAN_NEW], port[..., SPAN_FIRST], out=np.zeros((L, 1)), where=port[..., SPAN_FIRST] > 0)
+        dest = span_samples(sp, self.wk, self.span_judged[:, None] & (self.wk > 0), self.cfg.min_cell_pkts,
+                            seg_unseen=np.where(seg > 0, seg, np.inf))
+        return (Samples(smp.r[:, 0], smp.u[:, 0], smp.s[:, 0], smp.mask[:, 0], smp.expected[:, 0],
+                        smp.observed[:, 0], start_time=pc.start_time), dest)
 
     def take_findings(self) -> list[Finding]:
         return []
@@ -695,14 +725,22 @@ class SpineCheck:
             return None
         return node_num(link.src)
 
+    def path_cell(self, source: int, dest: int) -> int | None:
+        """The cell that judges ``leaf<source>->``this spine for the flows towards ``leaf<dest>`` (see
+        :meth:`_span`), if any: the same packets as that leaf's path evidence."""
+        if not (self.span_judged[source] and self.wk[source, dest] > 0):
+            return None
+        return self.L + source * self.L + dest
+
     def state(self) -> dict:
         return {"ledger": self.ledger.state(), "reference": str(self.reference), "resent": self.resent.state(),
-                "span_noise": self.span_noise.state()}
+                "path_resent": self.path_resent.state(), "span_noise": self.span_noise.state()}
 
     def load(self, d: dict) -> None:
         self.ledger.load(d.get("ledger", []))
         self.ledger.reference = Reference(d.get("reference", str(BALANCE)))
         self.resent.load(d.get("resent"))
+        self.path_resent.load(d.get("path_resent"))
         if "span_noise" in d:
             self.span_noise.load(d["span_noise"])
 

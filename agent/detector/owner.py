@@ -14,7 +14,7 @@ import numpy as np
 from agent.detector.alerts import AlertBook, AlertKind
 from agent.detector.checks import Check, PeerCheck, SpineCheck, path_name
 from agent.detector.verdict import Ledger, LinkEvidence, Span, evidence_from, path_evidence
-from netns_testbed.topo import Fabric, Link, node_kind
+from netns_testbed.topo import Fabric, Link, node_kind, node_num
 
 
 class OwnerService:
@@ -47,8 +47,13 @@ class OwnerService:
                 return {}
             return {path_name(int(a), int(k), det.switch): peer.path_cell(int(a), int(k))
                     for a, k in zip(*np.nonzero(peer.usable))}
-        links = (Link(p.peer, det.switch) for p in det.fabric.ports[det.switch])
-        return {l.name: cell for l in links if (cell := chk.owned_cell(l)) is not None}
+        links = [Link(p.peer, det.switch) for p in det.fabric.ports[det.switch]]
+        out = {l.name: cell for l in links if (cell := chk.owned_cell(l)) is not None}
+        for l in links:                 # per destination leaf: the flows a leaf's path evidence counts
+            if l.name in out:
+                out.update({f"{l.name}->leaf{b}": cell for b in range(chk.L)
+                            if (cell := chk.path_cell(node_num(l.src), b)) is not None})
+        return out
 
     def path_evidence(self, name: str, since: float | Sequence[Span]) -> LinkEvidence | None:
         """A leaf's same-packet evidence on a path into it (``leafA->spineK->`` this leaf) from pulses that
@@ -62,12 +67,15 @@ class OwnerService:
         return {oa.alert.link for oa in self.book.open.values()
                 if oa.alert.kind is AlertKind.LOSS and oa.alert.link}
 
-    def owned_evidence(self, link: Link, since: float | Sequence[Span], loss: float) -> LinkEvidence | None:
+    def owned_evidence(self, link: Link, since: float | Sequence[Span], loss: float,
+                       toward: str | None = None) -> LinkEvidence | None:
         """This switch's evidence on a link it owns, from pulses that started at or after ``since``, for an
         alert of rate ``loss`` (its pulse timing, see :func:`evidence_from`); None if it does not judge
-        that link."""
-        cell = self.owned_cells().get(link.name)
+        that link. ``toward``: a leaf, for the evidence on the link's flows towards it alone (a spine's
+        cell per destination leaf, see :meth:`SpineCheck._span`), named ``<link>-><leaf>``."""
+        name = link.name if toward is None else f"{link.name}->{toward}"
+        cell = self.owned_cells().get(name)
         if cell is None:
             return None
-        return evidence_from(self.ledger, cell, since, link.name, self.switch,
+        return evidence_from(self.ledger, cell, since, name, self.switch,
                              link.name in self.open_loss_links(), loss)

@@ -225,8 +225,18 @@ class Ledger:
         best = int(np.argmax(gains))
         return rows[best][0] if gains[best] - gains[0] >= ONSET_GAIN else rows[0][0]
 
-    def state(self) -> list:
-        return [[t, a.tolist(), b.tolist(), bg.tolist(), m.tolist()] for t, a, b, bg, m in self.rows]
+    def state(self, cells: Sequence[int] | None = None) -> list:
+        """The rows as lists, of every cell or of ``cells`` alone (in that order)."""
+        if cells is None:
+            return [[t, a.tolist(), b.tolist(), bg.tolist(), m.tolist()] for t, a, b, bg, m in self.rows]
+        ix = np.asarray(cells, dtype=np.int64)
+        return [[t, a[ix].tolist(), b[ix].tolist(), bg[ix].tolist(), m[ix].tolist()] for t, a, b, bg, m in self.rows]
+
+    def judged_cells(self) -> set[int]:
+        """The cells judged in at least one kept pulse."""
+        if not self.rows:
+            return set()
+        return {int(c) for c in np.flatnonzero(np.any([m for *_, m in self.rows], axis=0))}
 
     def load(self, rows: list) -> None:
         self.rows.clear()
