@@ -37,17 +37,18 @@ class OwnerService:
 
     def owned_cells(self) -> dict[str, int]:
         """What this switch gives verdicts on -> its ledger cell: a spine the links into it
-        (``leafA->spineK``), a leaf the paths into it (``leafA->spineK->leafM``: the same-packet reference
-        of leaf A's flows through spine K, lossy whether ``leafA->spineK`` or ``spineK->leafM`` drops)."""
-        det = self
-        chk = next((c for c in det.checks if isinstance(c, SpineCheck)), None)
+        (``leafA->spineK``) and, with the same-packet reference, each of them for the flows towards one
+        leaf (``leafA->spineK->leafM``); a leaf the paths into it (``leafA->spineK->leafM``: the
+        same-packet reference of leaf A's flows through spine K, lossy whether ``leafA->spineK`` or
+        ``spineK->leafM`` drops)."""
+        chk = next((c for c in self.checks if isinstance(c, SpineCheck)), None)
         if chk is None:
-            peer = next((c for c in det.checks if type(c) is PeerCheck), None)
+            peer = next((c for c in self.checks if type(c) is PeerCheck), None)
             if peer is None or not peer.path_ledger.rows:
                 return {}
-            return {path_name(int(a), int(k), det.switch): peer.path_cell(int(a), int(k))
+            return {path_name(int(a), int(k), self.switch): peer.path_cell(int(a), int(k))
                     for a, k in zip(*np.nonzero(peer.usable))}
-        links = [Link(p.peer, det.switch) for p in det.fabric.ports[det.switch]]
+        links = [Link(p.peer, self.switch) for p in self.fabric.ports[self.switch]]
         out = {l.name: cell for l in links if (cell := chk.owned_cell(l)) is not None}
         for l in links:                 # per destination leaf: the flows a leaf's path evidence counts
             if l.name in out:
