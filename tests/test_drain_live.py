@@ -40,6 +40,15 @@ def _sprayed(tb: Testbed, leaf: str) -> list[int]:
         m.close()
 
 
+def _wait_traffic(tb: Testbed, leaf: str, packets: int = 200, timeout: float = 30.0) -> None:
+    """Until ``leaf`` has sprayed ``packets`` more: the job's next iteration is on the wire (the tail of the
+    last one is a few ACKs), so a change made now lands inside a pulse."""
+    start, deadline = sum(_sprayed(tb, leaf)), time.monotonic() + timeout
+    while sum(_sprayed(tb, leaf)) - start < packets:
+        assert time.monotonic() < deadline, f"{leaf} sprayed nothing for {timeout} s"
+        time.sleep(0.002)
+
+
 def _crossed(tb: Testbed, recorded: Path, min_pkts: int) -> int:
     """Recorded pulses of one switch that a spray change crossed (widened as the detector widens it)."""
     windows = [(c.t0_ns - RESHARE_SETTLE_NS, c.t1_ns + RESHARE_SETTLE_NS) for c in Testbed.load(tb.prefix).spray_changes]
@@ -86,6 +95,9 @@ def test_drains_and_restores_under_a_job_lose_nothing_and_raise_nothing(make_tes
         th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True)
         th.start()
         wait_iteration(progress, 16)
+        # Inside an iteration's traffic: the changes made right after an iteration's end land in the
+        # job's idle gap, and a fresh clone's run had none cross a pulse (the check below needs one).
+        _wait_traffic(tb, "leaf0")
         c = drain.drain(tb, tb.fabric.parse_link_list(["leaf0<->spine3"]))
         assert c is not None and c.t1_ns is not None
         sent = _sprayed(tb, "leaf0")
@@ -113,7 +125,8 @@ def test_drains_and_restores_under_a_job_lose_nothing_and_raise_nothing(make_tes
     assert Testbed.load(tb.prefix).state.drained == []
     # every agent followed all seven changes, and each agent that read a pulse a change crossed left such a
     # pulse out (how many pulses the changes cross depends on where in an iteration each lands: 7 to 29
-    # of the agents' pulses in 12 runs here)
+    # of the agents' pulses in 12 runs, and 0 in a fresh clone's, before the drain at iteration 16 waited
+    # for the next iteration's traffic; 8 to 17 in 3 runs since, at least one per agent)
     assert all(a.change_seen is not None and a.change_seen[0] == 7 for a in agents)
     crossed = {a.switch: _crossed(tb, tmp_path / "pulses" / f"pulses-{a.switch}.jsonl", a.detector.cfg.min_pulse_pkts)
                for a in agents}
