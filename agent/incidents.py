@@ -227,9 +227,7 @@ def verdict_document(det: SwitchDetector, key: bytes | None = None) -> str | Non
     # them never judged (a ring sends each leaf's data to one or two others).
     cells = det.owner.owned_cells()
     judged = ledger.judged_cells()
-    keep = sorted({c for name, c in cells.items() if name.count("->") == 1 or c in judged}) or sorted(set(cells.values()))
-    if not keep:
-        keep = list(range(ledger.ncells))
+    keep = sorted({c for name, c in cells.items() if name.count("->") == 1 or c in judged}) or list(range(ledger.ncells))
     index = {c: i for i, c in enumerate(keep)}
     d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": len(keep),
          "reference": str(ledger.reference), "cells": {n: index[c] for n, c in cells.items() if c in index},
@@ -385,10 +383,7 @@ class IncidentTracker:
         """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``, for an alert of
         rate ``loss``; with ``toward``, on the link's flows towards that leaf alone (None if the owner
         keeps no such cell)."""
-        if self.source is None:
-            return None
-        return self.source.evidence(link.dst, link, since, loss, toward) if toward else \
-            self.source.evidence(link.dst, link, since, loss)
+        return self.source.evidence(link.dst, link, since, loss, toward) if self.source is not None else None
 
     def _path(self, up: Link, leaf: str, since: float | Sequence[Span]) -> LinkEvidence | None:
         """The alerting leaf's own same-packet evidence on the path ``up`` then ``spineK->leaf``, if it

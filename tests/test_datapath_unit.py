@@ -633,17 +633,24 @@ def test_a_spine_adds_each_flows_span_and_new_bytes_per_ingress_port_and_destina
     assert spans(spine, 1, dst_class)["first"] == 0           # other ports untouched
 
 
+def ends_at_1_5_9(spine, base: int, sport: int) -> int:
+    """A fresh spine's port 0 gets a flow's segments ending at 1, 5 and 9 segments past ``base`` (the
+    first sets the end, the next two span 8); returns the class of their destination leaf."""
+    spine.reset()
+    c = class_of(H2)
+    for i in (0, 4, 8):
+        spine.run("ingress", 0, seg(base + i * MSS, sport=sport))
+    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    return c
+
+
 def test_a_retransmission_counts_as_resent_never_as_new(spine):
     """A segment below the flow's last advance on the port (a retransmission: of a segment sent over
     another spine, or of its own lost one, a round trip later) moves neither sum: a reference that
     took it for new data would read a loss on this link as less than it is, and a loss elsewhere as a
     surplus here. Its own last segment again is resent too."""
-    spine.reset()
-    c = class_of(H2)
     base = 50_000
-    for i in (0, 4, 8):                                                # ends at 1, 5 and 9 segments
-        spine.run("ingress", 0, seg(base + i * MSS, sport=41002))
-    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    c = ends_at_1_5_9(spine, base, 41002)
     spine.run("ingress", 0, seg(base + 1 * MSS, sport=41002))          # resent from below the last advance
     spine.run("ingress", 0, seg(base + 4 * MSS, sport=41002))          # its own earlier segment again
     spine.run("ingress", 0, seg(base + 8 * MSS, sport=41002))          # its own last segment again
@@ -698,12 +705,8 @@ def test_an_ack_moves_the_reference_of_the_data_that_comes_in_where_it_goes_out(
     other spines, and no new bytes come with it. A segment below the acknowledged end is then resent;
     the next one beyond it is new, and spans only the bytes past the ACK (the sum is the same as
     without ACKs, only on time)."""
-    spine.reset()
-    c = class_of(H2)
     base = 90_000
-    for i in (0, 4, 8):                                                # ends at 1, 5 and 9 segments
-        spine.run("ingress", 0, seg(base + i * MSS, sport=41010))
-    assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 8 * MSS}
+    c = ends_at_1_5_9(spine, base, 41010)
     assert spine.run("ingress", 1, ack(base + 12 * MSS, 41010))[0] == TC_ACT_REDIRECT   # out of port 0
     assert spans(spine, 0, c) == {"first": 2, "resent": 0, "new_bytes": 2 * MSS, "span": 11 * MSS}
     spine.run("ingress", 1, ack(base + 10 * MSS, 41010))               # an older ACK, overtaken: nothing

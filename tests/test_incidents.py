@@ -468,7 +468,7 @@ def test_host_surplus_blames_an_uplink_only_when_it_stands_out():
         def __init__(self, rates):
             self.rates = rates
 
-        def evidence(self, owner, link, since, loss):
+        def evidence(self, owner, link, since, loss, toward=None):
             return LinkEvidence(link.name, owner, self.rates[owner], 0.001, 4, False)
 
     alert = {"event": "alert", "alert_id": "leaf1/5/out/loss", "time": 10.0, "switch": "leaf1", "port": 5,

@@ -139,8 +139,8 @@ struct fp_prefix_key {
 // every segment of some flows (a flow-selective blackhole) leaves those flows no segment on the port
 // to move the end; their ACKs go the other way (leafM->spineK->leafA, links the fault does not
 // touch), a share of them through spine K, each carrying the whole acknowledgement, and the flows'
-// spans grow with no new bytes. A leaf has no such view: its uplinks carry the flows' data in and their ACKs out over
-// other spines' ports than the one the data missed.
+// spans grow with no new bytes. A leaf has no such view: the ACKs of the data it receives leave by
+// its uplinks, and the reference is kept where data comes in.
 #define FP_FLOWS 8192            // flows tracked per switch (LRU: the least recent is evicted)
 #define FP_SPAN_LIMIT (1U << 24) // an advance beyond this is no flow's window: the flow starts over
 
