@@ -47,6 +47,11 @@ def _call(fn: str, *args) -> int:
     return ret
 
 
+def map_update(fd: int, key: ct._SimpleCData | ct.Structure, value: ct._SimpleCData | ct.Structure) -> None:
+    """Create or replace one element of a (not per-CPU) map: ``key`` and ``value`` laid out as the map's."""
+    _call("bpf_map_update_elem", fd, ct.byref(key), ct.byref(value), ct.c_uint64(BPF_ANY))
+
+
 class ObjGetOpts(ct.Structure):      # struct bpf_obj_get_opts (libbpf 1.0+)
     _fields_ = [("sz", ct.c_size_t), ("file_flags", ct.c_uint32)]
 

@@ -131,6 +131,11 @@ class PrefixKey(ct.Structure):
     _fields_ = [("prefixlen", ct.c_uint32), ("addr", ct.c_uint32)]
 
 
+class Shape(ct.Structure):
+    """struct fp_shape: the compiled counting object's .rodata (bpf/libbpf_compat.h; netns_testbed.bpfobject)."""
+    _fields_ = [("nports", ct.c_uint32), ("nsrc", ct.c_uint32)]
+
+
 class U64(ct.Structure):
     _fields_ = [("v", ct.c_uint64)]
 

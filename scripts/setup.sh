@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up for FlowPulse on Debian/Ubuntu, run as root.
-# Installs the system packages (BCC, kernel headers, iproute2, ethtool, Prometheus),
+# Installs the system packages (BCC, clang, kernel headers, iproute2, ethtool, Prometheus),
 # makes BCC find headers on kernels without their own, and builds the project's
-# virtualenv (.venv) with CPU torch, pyroute2, scapy and the rest.
+# virtualenv (.venv) with CPU torch, pyroute2, scapy and the rest, and compiles the
+# site agent's counting object (netns_testbed/bpf/count.bpf.o) with clang.
 # Safe to run again: each step checks before it acts.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,7 +16,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # --- system packages -------------------------------------------------------
-pkgs=(bpfcc-tools python3-bpfcc libbpf1 libbpf-dev iproute2 ethtool prometheus prometheus-alertmanager python3-venv iperf3 iputils-ping)
+pkgs=(bpfcc-tools python3-bpfcc libbpf1 libbpf-dev clang iproute2 ethtool prometheus prometheus-alertmanager python3-venv iperf3 iputils-ping)
 if ! [ -d "/lib/modules/$(uname -r)/build" ]; then
     # Distribution headers for the running kernel if they exist, else the
     # distribution's generic ones (tc programs use only stable uapi structs).
@@ -80,4 +81,10 @@ mkdir -p "$venv/bcc-shim"
 ln -sfn "$bcc_dir" "$venv/bcc-shim/bcc"
 echo "$venv/bcc-shim" > "$site/flowpulse-bcc.pth"
 "$venv/bin/python" -c 'import bcc' || { echo "setup: bcc not importable from $venv: install python3-bpfcc" >&2; exit 1; }
+
+# --- the site agent's counting object (clang, once; loaded with libbpf) ------
+if ! "$venv/bin/python" -m netns_testbed.bpfobject --check >/dev/null 2>&1; then
+    log "building netns_testbed/bpf/count.bpf.o"
+    (cd "$here" && "$venv/bin/python" -m netns_testbed.bpfobject >/dev/null)
+fi
 log "ready: $venv"

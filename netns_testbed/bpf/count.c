@@ -9,9 +9,19 @@
 // A packet's source class comes from the site's address prefixes (an LPM trie
 // filled by the loader) instead of the testbed's address plan.
 //
-// Compile-time parameters (-D, set by agent/counting.py from the site):
-//   NPORTS  ports of this switch      NSRC  leaves + 2 source classes
-//   FP_RING pulses kept per counter (ring slots, a power of two; see switch.h)
+// Two builds of this one text (agent/counting.py loads either):
+//  - BCC at run time, with compile-time parameters (-D, set by agent/counting.py from the site):
+//      NPORTS  ports of this switch      NSRC  leaves + 2 source classes
+//      FP_RING pulses kept per counter (ring slots, a power of two; see switch.h)
+//  - clang once, at build time (-DFP_LIBBPF, netns_testbed/bpfobject.py): count.bpf.o, loaded with
+//    libbpf; NPORTS and NSRC are then read from .rodata, which the loader writes
+//    (bpf/libbpf_compat.h says how BCC's syntax compiles there).
+#ifdef FP_LIBBPF
+#include "libbpf_compat.h"
+#endif
+#ifndef FP_PROG
+#define FP_PROG
+#endif
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <uapi/linux/if_ether.h>
@@ -62,10 +72,10 @@ static __always_inline int count_packet(struct __sk_buff *skb, u32 dir) {
     return TC_ACT_UNSPEC;
 }
 
-int fp_count_in(struct __sk_buff *skb) {
+FP_PROG int fp_count_in(struct __sk_buff *skb) {
     return count_packet(skb, FP_DIR_IN);
 }
 
-int fp_count_out(struct __sk_buff *skb) {
+FP_PROG int fp_count_out(struct __sk_buff *skb) {
     return count_packet(skb, FP_DIR_OUT);
 }
