@@ -18,6 +18,11 @@ before attaching, on either hook.
 
 The maps stay in this process (no pinning): the agent that loaded them reads
 them (:class:`CountMaps`), and they go when it exits and its filters are gone.
+
+Two builds of the same C (the site file's ``counters``): ``ebpf`` loads the object compiled with the
+package (``bpf/count.bpf.o``, netns_testbed.bpfobject) through libbpf, so that the machine needs no
+compiler, LLVM or kernel headers; ``ebpf-bcc`` compiles count.c at start with BCC, as the testbed's
+switches are compiled.
 """
 from __future__ import annotations
 
@@ -27,11 +32,11 @@ import os
 import socket
 import time
 
-from agent.site import Site
+from agent.site import CounterSource, Site
 from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed import datapath as dp
 from netns_testbed import hooks
-from netns_testbed.bpfmaps import PinnedArray, RingWakeups
+from netns_testbed.bpfmaps import PinnedArray, RingWakeups, map_update
 from netns_testbed.hooks import Hook
 
 log = logging.getLogger("flowpulse.agent.counting")
@@ -73,12 +78,13 @@ def local_ifindexes(site: Site) -> list[int]:
 class CountMaps(dp.CounterMaps):
     """The loaded program's counter and pulse maps, read through copies of its descriptors."""
 
-    def __init__(self, bpf_obj, site: Site) -> None:
+    def __init__(self, map_fd, site: Site) -> None:
+        """``map_fd(name)``: the loaded program's descriptor of its map ``name``."""
         sh = self.shape = shape(site)
         self.nports, self.nsrc = sh.nports, sh.nsrc
-        self.maps = {name: PinnedArray(name, t, n, pc, fd=bpf_obj[name.encode()].map_fd)
+        self.maps = {name: PinnedArray(name, t, n, pc, fd=map_fd(name))
                      for name, (t, n, pc) in dp.counter_map_entries(sh).items()}
-        self.wakeups = RingWakeups(fd=bpf_obj[dp.WAKEUPS.encode()].map_fd)
+        self.wakeups = RingWakeups(fd=map_fd(dp.WAKEUPS))
 
     def identity(self) -> None:
         return None  # held by this process: nobody replaces them
@@ -89,7 +95,9 @@ class CountingProgram:
 
     def __init__(self, site: Site, ifindexes: list[int]) -> None:
         self.site = site
-        self.bpf = None
+        self.bpf = None                 # ebpf-bcc: BCC's module
+        self.obj = None                 # ebpf: the compiled object (netns_testbed.bpfobject.CountingObject)
+        self.prog_fds: dict[str, int] = {}
         self.ifindexes = ifindexes      # local_ifindexes(site), resolved once by the caller
         self.hook = hooks.choose(None)
         self.attached: list[tuple[int, str]] = []   # clsact: (ifindex, parent)
@@ -98,16 +106,28 @@ class CountingProgram:
         self.armed_ns: int | None = None            # when every port counted (monotonic ns), after attach()
 
     def load(self) -> None:
-        self.bpf, self.fns = dp.compile_program(program_text(self.site), cflags(self.site), PROGRAMS)
-        ifp = self.bpf[b"ifindex_port"]
+        """Load the program (either build) and fill its ports, pulse gap and source prefixes."""
+        if self.site.counters is CounterSource.EBPF_BCC:
+            self.bpf, fns = dp.compile_program(program_text(self.site), cflags(self.site), PROGRAMS)
+            self.prog_fds = {name: fn.fd for name, fn in fns.items()}
+        else:
+            from netns_testbed.bpfobject import CountingObject
+
+            self.obj = CountingObject(shape(self.site))
+            self.prog_fds = {name: self.obj.prog_fd(name) for name in PROGRAMS}
         for port, ifx in enumerate(self.ifindexes):
-            ifp[ct.c_uint32(ifx)] = ct.c_uint32(port)
+            map_update(self.map_fd("ifindex_port"), ct.c_uint32(ifx), ct.c_uint32(port))
         units = max(1, int(round(self.site.gap_ms * 1e6 / dp.PULSE_UNIT_NS)))
-        self.bpf[b"config"][ct.c_int(0)] = dp.Config(0, units)
-        trie = self.bpf[b"source_prefix"]
+        map_update(self.map_fd("config"), ct.c_uint32(0), dp.Config(0, units))
         for net, cls in self.site.source_classes():
-            key = trie.Key(net.prefixlen, dp.net_u32(net.network_address))
-            trie[key] = ct.c_uint32(cls)
+            key = dp.PrefixKey(net.prefixlen, dp.net_u32(net.network_address))
+            map_update(self.map_fd("source_prefix"), key, ct.c_uint32(cls))
+
+    def map_fd(self, name: str) -> int:
+        """The loaded program's descriptor of its map ``name`` (held by the loader: not to be closed)."""
+        if self.obj is not None:
+            return self.obj.map_fd(name)
+        return self.bpf[name.encode()].map_fd
 
     def _filters(self, ipr, ifx: int, parent: str) -> list[tuple[int, str]]:
         out = []
@@ -152,7 +172,7 @@ class CountingProgram:
             for ifx in self.ifindexes:
                 for name in PROGRAMS:
                     try:
-                        self.links.append(hooks.attach_tcx(self.fns[name].fd, ifx, DIRECTION[name], first=True))
+                        self.links.append(hooks.attach_tcx(self.prog_fds[name], ifx, DIRECTION[name], first=True))
                     except OSError as e:
                         raise EnvironmentProblem(f"cannot attach {name} to ifindex {ifx} with tcx: {e.strerror}") \
                             from None
@@ -170,13 +190,12 @@ class CountingProgram:
                     if prio == PRIO:
                         raise EnvironmentProblem(f"tc priority {PRIO} on ifindex {ifx} is taken by {fname!r}: "
                                                  "the counter must run first; move that filter")
-                fn = self.fns[name]
-                ipr.tc("add-filter", "bpf", ifx, ":1", fd=fn.fd, name=fn.name, parent=parent, classid=1,
+                ipr.tc("add-filter", "bpf", ifx, ":1", fd=self.prog_fds[name], name=name, parent=parent, classid=1,
                        direct_action=True, prio=PRIO)
                 self.attached.append((ifx, parent))
 
     def maps(self) -> CountMaps:
-        return CountMaps(self.bpf, self.site)
+        return CountMaps(self.map_fd, self.site)
 
     def close(self) -> None:
         """Detach what this program attached (and a clsact it created and nobody else uses)."""
@@ -188,6 +207,10 @@ class CountingProgram:
         if self.bpf is not None:
             self.bpf.cleanup()
             self.bpf = None
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+        self.prog_fds = {}
 
     def _detach_clsact(self) -> None:
         from pyroute2 import IPRoute

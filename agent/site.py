@@ -9,7 +9,7 @@ leaves spray, what is out of service and where state and verdicts go::
     flowpulse_site: 1
     switch: spine2
     fabric: {leaves: 4, spines: 4, hosts_per_leaf: 2}
-    counters: ebpf            # or netlink (no BPF; totals only: see agent/netlink.py)
+    counters: ebpf            # ebpf-bcc (compiled here with BCC), or netlink (no BPF; totals only: agent/netlink.py)
     pulse_gap_ms: 50
     spray: rrdst
     ports: {enp1s0: leaf0, enp2s0: leaf1, enp3s0: leaf2, enp4s0: leaf3}
@@ -50,8 +50,14 @@ DEFAULT_STATE_DIR = Path("/var/lib/flowpulse")
 class CounterSource(str, Enum):
     """Where the agent's per-pulse counts come from."""
 
-    EBPF = "ebpf"        # agent.counting: exact, per source leaf, pulses cut in the kernel
-    NETLINK = "netlink"  # agent.netlink: interface statistics, no per-source split, pulses cut by a sampler
+    EBPF = "ebpf"          # agent.counting: exact, per source leaf, pulses cut in the kernel (count.bpf.o, libbpf)
+    EBPF_BCC = "ebpf-bcc"  # the same program compiled at start with BCC (needs BCC, LLVM and kernel headers)
+    NETLINK = "netlink"    # agent.netlink: interface statistics, no per-source split, pulses cut by a sampler
+
+    @property
+    def per_source(self) -> bool:
+        """Counts split by source leaf (the eBPF program, whichever toolchain built it)."""
+        return self is not CounterSource.NETLINK
 
     def __str__(self) -> str:
         return self.value
@@ -96,7 +102,7 @@ class Site:
         return Deployment(name=f"site {self.path}", fabric=self.fabric, spray=self.spray, weights=dict(self.weights),
                           out_of_service=self.out_of_service, degraded=self.degraded, state_dir=self.state_dir,
                           verdict_dir=self.verdicts, reload=self.reload,
-                          per_source=self.counters is CounterSource.EBPF,
+                          per_source=self.counters.per_source,
                           verdict_key=load_key(self.verdict_key) if self.verdict_key else None,
                           peers=self.peer_access())
 

@@ -34,11 +34,16 @@ class SiteAgents:
     ``incidents()`` hold what every agent wrote, and ``exit_codes`` how each one ended (SIGTERM)."""
 
     def __init__(self, tb, out: Path, counters: str = "ebpf", record: bool = False, extra: tuple[str, ...] = (),
-                 edit_site: "Callable[[str, dict], dict] | None" = None, shared_verdicts: bool = True) -> None:
+                 edit_site: "Callable[[str, dict], dict] | None" = None, shared_verdicts: bool = True,
+                 command: "Callable[[list[str], str], list[str]] | None" = None, cwd: Path = REPO) -> None:
         """``edit_site(switch, data)``: each site file's content, changed before its agent starts (peers,
-        keys); ``shared_verdicts`` False: each agent its own verdict directory (they share nothing)."""
+        keys); ``shared_verdicts`` False: each agent its own verdict directory (they share nothing);
+        ``command(args, netns)``: the argv that runs ``flowpulse *args`` in that namespace (default: this
+        checkout's, :func:`flowpulse_argv`), started in ``cwd``."""
         self.tb, self.out, self.counters, self.record, self.extra = tb, out, counters, record, extra
         self.edit_site, self.shared_verdicts = edit_site, shared_verdicts
+        self.command = command or (lambda args, netns: flowpulse_argv(*args, netns=netns))
+        self.cwd = cwd
         self.procs: dict[str, subprocess.Popen] = {}
         self.exit_codes: dict[str, int] = {}
         self.empty_run = out / "no-testbed-here"
@@ -72,8 +77,8 @@ class SiteAgents:
                 if self.record:
                     args += ["--record", str(self.out / "pulses")]
                 with open(self.log(sw), "w") as log:
-                    self.procs[sw] = subprocess.Popen(flowpulse_argv(*args, netns=namespace(self.tb.prefix, sw)),
-                                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                    self.procs[sw] = subprocess.Popen(self.command(args, namespace(self.tb.prefix, sw)),
+                                                      cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
             for sw in self.tb.fabric.switches:
                 self._wait_ready(sw, 120)
         except BaseException:

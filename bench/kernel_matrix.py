@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ["6.1.0-57-amd64", "6.12.107+deb12-amd64"]
 SELECTION = ["tests/test_datapath_unit.py", "tests/test_bpfmaps.py", "tests/test_libbpf_abi.py", "tests/test_contract.py",
+             "tests/test_counting_object.py",
              "tests/test_fabric.py", "tests/test_silent_faults.py", "tests/test_netem.py", "tests/test_agent_live.py",
              "tests/test_wakeups.py", "tests/test_site_agent.py", "tests/test_localize_live.py"]
 SUMMARY = re.compile(r"^guest (\S+): (.*) in [0-9.]+s")

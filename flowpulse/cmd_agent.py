@@ -223,7 +223,9 @@ def run_site_agent(args: argparse.Namespace, site, ifindexes: list[int], cfg, si
 
     opts = AgentOptions(cfg=cfg, alerts=args.alerts, record=args.record, poll_s=args.poll_ms / 1000,
                         export_verdicts=True)
-    where = f"site {args.site} ({len(site.ifnames)} ports: {', '.join(site.ifnames)}; {site.counters} counters)"
+    how = {CounterSource.EBPF: "ebpf counters: the built object, loaded with libbpf",
+           CounterSource.EBPF_BCC: "ebpf counters: compiled here with BCC"}.get(site.counters, f"{site.counters} counters")
+    where = f"site {args.site} ({len(site.ifnames)} ports: {', '.join(site.ifnames)}; {how})"
     if site.counters is CounterSource.NETLINK:
         from agent.netlink import NetlinkReader
 

@@ -309,3 +309,83 @@ def test_the_agent_under_the_units_settings_catches_a_fault(make_testbed, tmp_pa
     for f in [rw / "alerts.jsonl", *(rw / "state").rglob("*.json")]:
         assert f.stat().st_mode & 0o777 == 0o600, f
     assert "Read-only file system" not in log.read_text()
+
+
+# What a machine of the fabric would not have: BCC, LLVM and clang, kernel headers, any C headers.
+# Hidden from the agents (an empty read-only tmpfs over each directory, /dev/null over each file) in a
+# mount namespace of their own; the testbed beside them keeps its BCC.
+HIDE = r"""
+import glob, os, subprocess, sys
+sep = sys.argv.index("--")
+for pattern in sys.argv[1:sep]:
+    for path in glob.glob(pattern):
+        if os.path.isdir(path):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=4k,mode=0555", "hidden", path], check=True)
+        elif os.path.exists(path):
+            subprocess.run(["mount", "--bind", "/dev/null", path], check=True)
+os.execvp(sys.argv[sep + 1], sys.argv[sep + 1:])
+"""
+WHEELHOUSE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flowpulse" / "wheelhouse"
+HIDDEN = ("/usr/src", f"/lib/modules/{os.uname().release}/build", f"/lib/modules/{os.uname().release}/source",
+          "/usr/include", "/usr/lib/llvm-*", "/usr/lib/python3/dist-packages/bcc", "/usr/lib/*-linux-gnu/libbcc*",
+          "/usr/lib/*-linux-gnu/libLLVM*", "/usr/lib/*-linux-gnu/libclang*", "/usr/bin/clang*", "/usr/bin/llc*")
+PROBE = r"""
+import ctypes, glob, os, shutil, sys
+for lib in ("libbcc.so.0", "libLLVM-14.so.1"):
+    try:
+        ctypes.CDLL(lib)
+        sys.exit(f"{lib} loads")
+    except OSError:
+        pass
+try:
+    import bcc
+    sys.exit("bcc imports")
+except ImportError:
+    pass
+assert not glob.glob("/usr/src/*") and not glob.glob("/usr/include/*") and not shutil.which("clang-14"), "headers or clang"
+import netns_testbed
+assert "site-packages" in netns_testbed.__file__, netns_testbed.__file__
+print("bare")
+"""
+
+
+def test_a_site_agent_from_the_wheel_with_no_bcc_llvm_or_headers_names_a_two_percent_drop(make_testbed, tmp_path):
+    """The wheel (``pip install .``'s, the counting object inside) in a fresh venv (no system packages):
+    every switch's agent runs with BCC, LLVM, clang and every header hidden, loads the object with libbpf,
+    catches a 2% drop on leaf2->spine1 and names that link, and nothing else."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(REPO)], check=True, capture_output=True)
+    (wheel,) = wheels.glob("flowpulse-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "-q", "--disable-pip-version-check"]
+    # its dependencies from PyPI into a wheelhouse kept between runs; offline (the emulated guest has no
+    # network) the install takes what an earlier run downloaded there
+    subprocess.run([*pip, "download", "--retries", "0", "--timeout", "10", "-d", str(WHEELHOUSE), str(wheel)],
+                   capture_output=True)
+    got = subprocess.run([*pip, "install", "--no-index", "--find-links", str(WHEELHOUSE), str(wheel)],
+                         capture_output=True, text=True)
+    assert got.returncode == 0, f"the wheel did not install (offline with an empty {WHEELHOUSE}?): {got.stderr}"
+    cwd = tmp_path / "elsewhere"       # not the checkout: `python -m` would import from the working directory
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def bare(argv: list[str]) -> list[str]:
+        return ["unshare", "--mount", "--propagation", "private", python, "-c", HIDE, *HIDDEN, "--", *argv]
+
+    probe = subprocess.run(bare([python, "-c", PROBE]), cwd=cwd, env=env, capture_output=True, text=True)
+    assert probe.stdout.strip() == "bare", probe.stdout + probe.stderr
+    tb = make_testbed()
+    with SiteAgents(tb, tmp_path / "agents", cwd=cwd,
+                    command=lambda args, netns: bare(["ip", "netns", "exec", netns, python, "-m", "flowpulse", *args])) \
+            as agents:
+        job_with_fault(tb, tmp_path, "leaf2->spine1:drop=0.02@iter=10", 40, 8 << 20)
+    assert set(agents.exit_codes.values()) == {143}, {sw: agents.log(sw).read_text()[-500:] for sw in agents.procs}
+    raised = [a for a in agents.alerts() if a["event"] == "alert"]
+    assert raised, "nothing caught the 2% drop"
+    for a in raised:
+        assert a["link"] == "leaf2->spine1" or (not a["link"] and "leaf2->spine1" in a["candidates"]), a
+    named = {i["link"] for i in agents.incidents() if i.get("link")}
+    assert named == {"leaf2->spine1"}, agents.incidents()
