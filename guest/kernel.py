@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from netns_testbed.errors import EnvironmentProblem, SpecError
@@ -65,26 +66,32 @@ class KernelTree:
         return listed.exists() and any(line.rsplit("/", 1)[-1] == f"{name}.ko"
                                        for line in listed.read_text().splitlines())
 
+    @cached_property
+    def deps(self) -> dict[str, list[str]] | None:
+        """This kernel's modules.dep, parsed once: module -> the modules it needs (None: no such file)."""
+        dep = self.modules / "modules.dep"
+        if not dep.exists():
+            return None
+
+        def base(path: str) -> str:
+            return path.rsplit("/", 1)[-1].split(".ko")[0]
+        out: dict[str, list[str]] = {}
+        for line in dep.read_text().splitlines():
+            head, _, rest = line.partition(":")
+            out[base(head)] = [base(x) for x in rest.split()]
+        return out
+
     def needed(self, name: str) -> bool:
         """Whether the guest must load ``name``: one of ROOT_MODULES, or a dependency of a module in this
         kernel's modules.dep (without one, every listed module is)."""
-        dep = self.modules / "modules.dep"
-        if name in ROOT_MODULES or not dep.exists():
+        if name in ROOT_MODULES or self.deps is None:
             return True
-        return any(re.search(rf"/{re.escape(name)}\.ko(\.xz)?(\s|$)", line.partition(":")[2])
-                   for line in dep.read_text().splitlines())
+        return any(name in needs for needs in self.deps.values())
 
     def load_order(self, names: tuple[str, ...]) -> list[str]:
         """``names`` with each module after the ones it depends on in this kernel's modules.dep (6.12's
         9pnet needs netfs, 6.1's does not); the given order where nothing says otherwise."""
-        dep = self.modules / "modules.dep"
-        deps: dict[str, list[str]] = {}
-        if dep.exists():
-            def base(path: str) -> str:
-                return path.rsplit("/", 1)[-1].split(".ko")[0]
-            for line in dep.read_text().splitlines():
-                head, _, rest = line.partition(":")
-                deps[base(head)] = [base(x) for x in rest.split()]
+        deps = self.deps or {}
         out: list[str] = []
 
         def visit(n: str) -> None:
