@@ -440,6 +440,13 @@ def tcx_supported() -> bool:
 _SAMPLE_FN = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_size_t)   # ring_buffer_sample_fn
 
 
+@lru_cache(maxsize=1)
+def _ring_buffer_new():
+    fn = libbpf().ring_buffer__new
+    fn.restype = ct.c_void_p
+    return fn
+
+
 class RingWakeups:
     """The kernel's "a pulse opened" signal: a BPF ring buffer (``BPF_MAP_TYPE_RINGBUF``, Linux 5.8+) read
     through libbpf's ``ring_buffer``, whose epoll descriptor is readable while records wait. Only the
@@ -456,13 +463,12 @@ class RingWakeups:
                 raise FileNotFoundError(errno.ENOENT, f"no pinned BPF ring buffer at {path} ({e.strerror})") from None
         self._count = 0
         self._sample = _SAMPLE_FN(self._on_record)       # kept: libbpf calls it from ring_buffer__consume
-        lib = libbpf()
-        lib.ring_buffer__new.restype = ct.c_void_p
-        self._rb = lib.ring_buffer__new(self.fd, self._sample, None, None)
+        self._rb = _ring_buffer_new()(self.fd, self._sample, None, None)
         if not self._rb:
             err = ct.get_errno() or errno.EINVAL
             os.close(self.fd)
             raise OSError(err, f"ring_buffer__new: {os.strerror(err)}")
+        self._epoll_fd = _call("ring_buffer__epoll_fd", ct.c_void_p(self._rb))    # the ring's own: lives as long
 
     def _on_record(self, ctx, data, size) -> int:
         self._count += 1
@@ -470,7 +476,7 @@ class RingWakeups:
 
     def fileno(self) -> int:
         """libbpf's epoll descriptor of the ring: readable while records wait."""
-        return _call("ring_buffer__epoll_fd", ct.c_void_p(self._rb))
+        return self._epoll_fd
 
     def drain(self) -> int:
         """Take every waiting record (unread: the wake-up was the message); returns how many there were."""
