@@ -36,101 +36,97 @@ class AlertLifecycle:
 
     # -- alarms -> alerts --------------------------------------------------------------
     def alarms(self, pc: PulseCounts, judged, cj: Judgement) -> list[Alert]:
-        det = self
         hits: dict[str, list[tuple[int, tuple, float]]] = {}
         for i, (smp, _, j) in enumerate(judged):
             for idx in zip(*np.nonzero(j.alarm)):
                 idx = tuple(int(x) for x in idx)
-                rate = det.banks[i].estimate(idx)[0]
-                if rate < det.cfg.min_rate:
+                rate = self.banks[i].estimate(idx)[0]
+                if rate < self.cfg.min_rate:
                     continue
-                sus = det.checks[i].suspects(idx)
+                sus = self.checks[i].suspects(idx)
                 hits.setdefault(self.aid(sus, AlertKind.LOSS), []).append((i, idx, float(j.score()[idx])))
         for p in np.flatnonzero(cj.alarm):
-            sus = det.corruption.suspects((int(p),))
+            sus = self.corruption.suspects((int(p),))
             hits.setdefault(self.aid(sus, AlertKind.CORRUPTION), []).append((-1, (int(p),), float(cj.ratio[0, p])))
         events = []
         for aid, found in hits.items():
             ci, idx, score = max(found, key=lambda c: c[2])
             cells = {(c[0], c[1]) for c in found}
             alert = self._make_alert(pc, aid, ci, idx, score, cells)
-            ev = det.book.publish(alert, cells, pc.pulse)
+            ev = self.book.publish(alert, cells, pc.pulse)
             if ev is not None:
                 events.append(ev)
         return events
 
     def _make_alert(self, pc: PulseCounts, aid: str, ci: int, idx: tuple, score: float,
                     cells: set[tuple[int, tuple]]) -> Alert:
-        det = self
         if ci < 0:
-            rate, ci95, onset, onset_time, deficit = det.poisson.estimate(idx[0])
-            sus, kind, test = det.corruption.suspects(idx), AlertKind.CORRUPTION, CheckKind.CORRUPTION
+            rate, ci95, onset, onset_time, deficit = self.poisson.estimate(idx[0])
+            sus, kind, test = self.corruption.suspects(idx), AlertKind.CORRUPTION, CheckKind.CORRUPTION
             per_rate = None
         else:
-            rate, ci95, onset, onset_time, deficit = det.banks[ci].estimate(idx)
-            chk = det.checks[ci]
+            rate, ci95, onset, onset_time, deficit = self.banks[ci].estimate(idx)
+            chk = self.checks[ci]
             sus, kind, test = chk.suspects(idx), AlertKind.LOSS, chk.kind
-            j = det.banks[ci].best(idx)
-            per_rate = float(det.banks[ci].sum_s[(j,) + idx])
+            j = self.banks[ci].best(idx)
+            per_rate = float(self.banks[ci].sum_s[(j,) + idx])
         link, cands = sus.link, list(sus.candidates)
-        prev = det.book.open.get(aid)
-        suspects = [det.checks[c].suspects(x) for c, x in cells | (prev.cells if prev else set()) if c >= 0]
+        prev = self.book.open.get(aid)
+        suspects = [self.checks[c].suspects(x) for c, x in cells | (prev.cells if prev else set()) if c >= 0]
         if link is None and len({s.source for s in suspects}) >= 2:
             # deficits from two or more sources through one port: only the common link explains them
             common = set(cands).intersection(*(s.candidates for s in suspects))
             if len(common) == 1:
                 link = next(iter(common))
                 cands = [link]
-        port = det.fabric.port(det.switch, sus.port)
-        return Alert(event=AlertEvent.ALERT, alert_id=aid, time=pc.end_time, switch=det.switch, port=sus.port,
+        port = self.fabric.port(self.switch, sus.port)
+        return Alert(event=AlertEvent.ALERT, alert_id=aid, time=pc.end_time, switch=self.switch, port=sus.port,
                      ifname=port.ifname, direction=sus.direction, link=link.name if link else None,
                      candidates=[c.name for c in cands], kind=kind, estimated_rate=round(rate, 6),
                      rate_ci=[round(ci95[0], 6), round(ci95[1], 6)], score=round(score, 3),
-                     window=det.pulses_used - onset, pulse=pc.pulse, pulse_start=pc.start_time, onset_pulse=onset,
+                     window=self.pulses_used - onset, pulse=pc.pulse, pulse_start=pc.start_time, onset_pulse=onset,
                      onset_time=onset_time,
                      evidence={"test": test.value, "source": sus.source, "deficit": round(deficit, 1),
                                "deficit_per_unit_rate": None if per_rate is None else round(per_rate, 1),
                                "rate_sd": round((ci95[1] - rate) / 1.96, 6),
-                               "window_start": onset_time, "ln_arl": round(det.ln_arl, 3)})
+                               "window_start": onset_time, "ln_arl": round(self.ln_arl, 3)})
 
     def findings(self, pc: PulseCounts) -> list[Alert]:
         """Learned model: shares measured at start that contradict the analytic model."""
-        det = self
         events = []
-        for chk in det.checks:
+        for chk in self.checks:
             found = chk.take_findings()
             if not found:
                 continue
             ncells = max(1, int(np.sum(chk.usable)))
-            z_star = float(-ndtri(det.alpha / ncells))
+            z_star = float(-ndtri(self.alpha / ncells))
             for idx, rate, z in found:
-                if z <= z_star or rate < det.cfg.min_rate:
+                if z <= z_star or rate < self.cfg.min_rate:
                     continue
                 sus = chk.suspects(idx)
                 aid = self.aid(sus, AlertKind.ASYMMETRY)
-                port = det.fabric.port(det.switch, sus.port)
-                alert = Alert(event=AlertEvent.ALERT, alert_id=aid, time=pc.end_time, switch=det.switch,
+                port = self.fabric.port(self.switch, sus.port)
+                alert = Alert(event=AlertEvent.ALERT, alert_id=aid, time=pc.end_time, switch=self.switch,
                               port=sus.port, ifname=port.ifname, direction=sus.direction, link=None,
                               candidates=[c.name for c in sus.candidates], kind=AlertKind.ASYMMETRY,
                               estimated_rate=round(rate, 6), rate_ci=[0.0, 0.0], score=round(z / z_star, 3),
-                              window=det.cfg.learn_pulses, pulse=pc.pulse, pulse_start=pc.start_time,
-                              onset_pulse=det.pulses_used - det.cfg.learn_pulses, onset_time=pc.start_time,
+                              window=self.cfg.learn_pulses, pulse=pc.pulse, pulse_start=pc.start_time,
+                              onset_pulse=self.pulses_used - self.cfg.learn_pulses, onset_time=pc.start_time,
                               evidence={"test": CheckKind.SHARES.value, "source": sus.source, "z": round(z, 2),
                                         "z_threshold": round(z_star, 2)})
-                if aid not in det.book.open:
-                    det.book.open[aid] = OpenAlert(alert, set(), Repair(), pc.pulse)
+                if aid not in self.book.open:
+                    self.book.open[aid] = OpenAlert(alert, set(), Repair(), pc.pulse)
                     events.append(alert)
         return events
 
     # -- repair ------------------------------------------------------------------------
     def repairs(self, pc: PulseCounts, judged, corr) -> list[Alert]:
         """Every open alert's repair test (:class:`agent.detector.evidence.Repair`)."""
-        det = self
         bad, frames, cmask = corr
         events = []
-        floor = math.log(det.cfg.clear_lr)
-        ln_a = repair_ln_arl(det.cfg.false_clears_per_day, det.cfg.pulse_hz)
-        for aid, oa in list(det.book.open.items()):
+        floor = math.log(self.cfg.clear_lr)
+        ln_a = repair_ln_arl(self.cfg.false_clears_per_day, self.cfg.pulse_hz)
+        for aid, oa in list(self.book.open.items()):
             if oa.alert.kind is AlertKind.ASYMMETRY or not oa.cells:
                 continue
             # each cell's deficit as measured, not as the next pulse confirmed it: confirmation (for the
@@ -142,12 +138,12 @@ class AlertLifecycle:
             damaged = [idx[0] for ci, idx in oa.cells if ci < 0 and cmask[idx[0]]]
             if not gauss and not damaged:
                 continue
-            lam0 = det.cfg.corruption_background
-            lam1 = max(oa.ref_rate, det.cfg.min_rate, det.cfg.corruption_rate)
+            lam0 = self.cfg.corruption_background
+            lam1 = max(oa.ref_rate, self.cfg.min_rate, self.cfg.corruption_rate)
             more = (sum(reverse_llr_poisson(bad[p], frames[p], lam0, lam1) for p in damaged),
                     sum(2.0 * float(frames[p]) * (lam1 * math.log(lam1 / lam0) - lam1 + lam0) for p in damaged))
-            if oa.repair.update(gauss, oa.ref_rate, det.cfg.min_rate, ln_a, floor, more):
+            if oa.repair.update(gauss, oa.ref_rate, self.cfg.min_rate, ln_a, floor, more):
                 for ci, idx in oa.cells:
-                    (det.poisson.reset(idx[0]) if ci < 0 else det.banks[ci].reset(idx))
-                events.append(det.book.resolve(aid, pc.end_time, pc.pulse, pc.start_time))
+                    (self.poisson.reset(idx[0]) if ci < 0 else self.banks[ci].reset(idx))
+                events.append(self.book.resolve(aid, pc.end_time, pc.pulse, pc.start_time))
         return events
