@@ -15,7 +15,11 @@ import logging
 from analysis.experiment import run_experiment
 from analysis.spec import ExperimentSpec, parse_scheduled
 from netns_testbed.errors import SpecError
+from netns_testbed.faults import FaultKind
 from netns_testbed.topo import Fabric
+
+# the kinds a rate sweeps: a share of packets (drop, corrupt) or of flows (partial)
+SWEEP_KINDS = (FaultKind.DROP, FaultKind.CORRUPT, FaultKind.PARTIAL)
 
 
 log = logging.getLogger("flowpulse.sweep")
@@ -24,7 +28,7 @@ log = logging.getLogger("flowpulse.sweep")
 @dataclass
 class SweepSpec:
     base: ExperimentSpec
-    kinds: list[str] = field(default_factory=lambda: ["drop", "corrupt"])
+    kinds: list[FaultKind] = field(default_factory=lambda: [FaultKind.DROP, FaultKind.CORRUPT])
     rates: list[float] = field(default_factory=lambda: [0.005, 0.01, 0.02])
     links: int = 2                 # random leaf-spine links per (kind, rate)
     seeds: list[int] = field(default_factory=lambda: [0])

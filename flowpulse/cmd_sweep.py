@@ -13,11 +13,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=Formatter,
                        epilog="example (about 35 s per run on 2 cores):\n"
                               "  sudo flowpulse sweep --kinds drop,corrupt --rates 0.005,0.01,0.02 --links 2 --out runs/sweep\n"
+                              "  sudo flowpulse sweep --kinds partial --rates 0.25,0.5 --links 4 --mitigate --out runs/partial\n"
                               "Writes sweep.json (one row per run), table.json and sweep.png; each run keeps its directory.")
     from flowpulse.cmd_experiment import add_experiment_args
 
     add_experiment_args(p)
-    p.add_argument("--kinds", default="drop,corrupt", help="fault kinds, comma-separated")
+    p.add_argument("--kinds", default="drop,corrupt",
+                   help="fault kinds, comma-separated: drop, corrupt (--rates: the share of packets), "
+                        "partial (--rates: the share of flows blackholed)")
     p.add_argument("--rates", default="0.005,0.01,0.02", help="fault rates, comma-separated")
     p.add_argument("--links", type=int, default=2, help="random leaf-spine links per (kind, rate, seed)")
     p.add_argument("--seeds", default="0", help="seeds, comma-separated")
@@ -27,10 +30,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+def sweep_kind(text: str):
+    """One --kinds entry as a fault kind a rate sweeps (one line naming the choices otherwise)."""
+    from analysis.sweep import SWEEP_KINDS
+    from flowpulse.errors import SpecError
+    from netns_testbed.faults import FaultKind
+
+    try:
+        kind = FaultKind(text)
+    except ValueError:
+        kind = None
+    if kind not in SWEEP_KINDS:
+        raise SpecError(f"bad sweep kind {text!r}: use {', '.join(map(str, SWEEP_KINDS))} "
+                        "(a kind with a rate; blackhole and delay have none)")
+    return kind
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from analysis.sweep import SweepSpec, plot, rescore, run_sweep, table as sweep_table
+    from analysis.sweep import SWEEP_KINDS, SweepSpec, plot, rescore, run_sweep, table as sweep_table
     from flowpulse.cmd_experiment import spec_from_args
     from flowpulse.errors import SpecError
     from netns_testbed.nsutil import require_root
@@ -41,15 +60,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _show(args, rescore(args.out), sweep_table, plot)
     args.fault = []
     base = spec_from_args(args)
+    kinds = [sweep_kind(k.strip()) for k in args.kinds.split(",") if k.strip()]
+    if not kinds:
+        raise SpecError(f"bad --kinds {args.kinds!r}: name at least one of {', '.join(map(str, SWEEP_KINDS))}")
     try:
-        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         rates = [float(x) for x in args.rates.split(",")]
         seeds = [int(x) for x in args.seeds.split(",")]
     except ValueError:
         raise SpecError("bad --rates or --seeds: comma-separated numbers, e.g. --rates 0.005,0.01") from None
-    for k in kinds:
-        if k not in ("drop", "corrupt"):
-            raise SpecError(f"bad sweep kind {k!r}: use drop and/or corrupt")
     for r in rates:
         if not 0 < r <= 1:
             raise SpecError(f"bad sweep rate {r}: must be in (0, 1]")
