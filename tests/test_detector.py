@@ -20,6 +20,7 @@ from agent.detector import DetectorConfig, Model, SwitchDetector
 import agent.detector.checks as checks
 from agent.detector.arl import arl_brook_evans, thresholds
 from agent.detector.evidence import repair_ln_arl
+from agent.detector.persistence import STATE_VERSION, ForeignState
 from agent.detector.checks import peer_prior
 from agent.pulse import PulseCounts
 from analysis.model import FabricModel, ModelSpec
@@ -254,8 +255,11 @@ def test_a_restarted_detector_continues_from_its_saved_state():
     second = SwitchDetector(model.fabric, "leaf1", cfg, "random")
     second.load_state(saved)
     assert first_alert(second, pulses[3:], 3) == whole
-    with pytest.raises(ValueError):
+    with pytest.raises(ForeignState):
         SwitchDetector(model.fabric, "leaf2", cfg, "random").load_state(saved)
+    older = {**saved, "identity": {**saved["identity"], "version": STATE_VERSION - 1}}
+    with pytest.raises(ForeignState):     # another version's layout: started afresh, not called damaged
+        SwitchDetector(model.fabric, "leaf1", cfg, "random").load_state(older)
 
 
 def test_learned_model_reports_asymmetry_present_at_start_then_catches_a_new_fault():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -354,8 +355,13 @@ def test_a_site_agent_from_the_wheel_with_no_bcc_llvm_or_headers_names_a_two_per
     every switch's agent runs with BCC, LLVM, clang and every header hidden, loads the object with libbpf,
     catches a 2% drop on leaf2->spine1 and names that link, and nothing else."""
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), str(REPO)], check=True, capture_output=True)
+    leftovers = [d for d in (REPO / "build",) if not d.exists()]     # setuptools builds in the tree
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        str(wheels), str(REPO)], check=True, capture_output=True)
+    finally:
+        for d in leftovers:
+            shutil.rmtree(d, ignore_errors=True)
     (wheel,) = wheels.glob("flowpulse-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys._base_executable, "-m", "venv", str(venv)], check=True)

@@ -13,8 +13,9 @@ from agent.detector.evidence import CusumBank, PoissonCusum
 from netns_testbed.errors import SpecError
 from netns_testbed.topo import Fabric, Link, SprayMode
 
-STATE_VERSION = 5   # 4: verdict ledgers from sequence spans when the counts carry them (a spine's, a leaf's paths)
+STATE_VERSION = 6   # 4: verdict ledgers from sequence spans when the counts carry them (a spine's, a leaf's paths)
                     # 5: the links out of service beside the identity, not in it (a drain keeps what was learned)
+                    # 6: a spine's verdict ledger per port and per (port, destination leaf): L + L*L cells
 STATE_SCHEMA = Path(__file__).with_name("state.schema.json")   # the saved state's top level (save_state)
 
 
