@@ -9,6 +9,7 @@ emulated: no KVM here); CI's test command keeps its 6.1 pass.
   sudo .venv/bin/python bench/kernel_matrix.py                       # 6.1 and 6.12, the default selection
   sudo .venv/bin/python bench/kernel_matrix.py --kernel 6.12.107+deb12-amd64 -- tests/test_datapath_unit.py
   sudo .venv/bin/python bench/kernel_matrix.py --json > matrix.json
+  sudo .venv/bin/python bench/kernel_matrix.py --keep /tmp/matrix-logs      # each guest's logs, failures named
 
 The default selection is every root test whose outcome the kernel can change: the datapath's programs
 and maps (unit tests, the libbpf layer, the C contract), fabric build and teardown with the counters
@@ -47,9 +48,17 @@ def counts(summary: str) -> dict[str, int]:
     return out
 
 
-def run(version: str, selection: list[str], timeout_s: int) -> dict:
+def failures(pytest_log: str) -> list[str]:
+    """The tests pytest's short summary names as failed or in error (-rfE)."""
+    return [line.split(" - ")[0].split(" ", 1)[1] for line in pytest_log.splitlines()
+            if line.startswith(("FAILED ", "ERROR "))]
+
+
+def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None) -> dict:
     t0 = time.monotonic()
-    argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--", "--timeout=900", "-rs", *selection]
+    kept = (keep / version) if keep is not None else None
+    argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, *(["--keep", str(kept)] if kept else []),
+            "--", "--timeout=900", "-rfEs", *selection]
     print(f"kernel_matrix: {version}: {' '.join(selection)}", file=sys.stderr, flush=True)
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
@@ -60,7 +69,11 @@ def run(version: str, selection: list[str], timeout_s: int) -> dict:
     summary = next((m.group(2) for line in text.splitlines() if (m := SUMMARY.match(line))), "")
     row = {"kernel": version, "hook": hook_of(version), "rc": rc, "minutes": round((time.monotonic() - t0) / 60, 1),
            **counts(summary), "summary": summary or (text.strip().splitlines() or ["no output"])[-1]}
+    if kept is not None and (kept / "pytest.log").exists():
+        row["failed_tests"] = failures((kept / "pytest.log").read_text(errors="replace"))
     print(f"kernel_matrix: {version}: {row['summary']} ({row['minutes']} min)", file=sys.stderr, flush=True)
+    for name in row.get("failed_tests", []):
+        print(f"kernel_matrix: {version}: failed: {name}", file=sys.stderr, flush=True)
     return row
 
 
@@ -77,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", action="append", help="a Debian kernel version (repeatable; default: 6.1 and 6.12)")
     ap.add_argument("--timeout-min", type=int, default=240, help="per kernel, minutes")
     ap.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
+    ap.add_argument("--keep", type=Path, help="keep each guest's logs in DIR/<kernel>/ and name the failed tests")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
     args = ap.parse_args(argv)
-    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60) for k in (args.kernel or KERNELS)]
+    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep) for k in (args.kernel or KERNELS)]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
