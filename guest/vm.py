@@ -95,10 +95,14 @@ def qemu_argv(tree: KernelTree, initrd: Path, share: Path, cpus: int, mem_mb: in
     if not qemu:
         raise EnvironmentProblem("qemu-system-x86_64 missing: apt-get install qemu-system-x86 (scripts/guest-test.sh does)")
     # TCG with -cpu max: a KVM guest hung at the firmware here, and the default CPU model lacks
-    # instructions numpy and torch wheels use
+    # instructions numpy and torch wheels use. tsc=reliable: under emulation the clocksource watchdog
+    # (or the boot's TSC sync check) marks the TSC unstable at some point, and the kernel then flips the
+    # sched_clock_stable static key by patching live code through int3; 6.12 guests died of that flip
+    # under TCG ("Oops: int3" in sched_clock_cpu from __sched_clock_work, kernel panic), once in early
+    # boot and once 26 minutes into a run. The emulated TSC follows the host's clock: it is reliable.
     return [qemu, "-cpu", "max", "-smp", str(cpus), "-m", str(mem_mb), "-nographic", "-no-reboot", "-nic", "none",
             "-kernel", str(tree.vmlinuz), "-initrd", str(initrd),
-            "-append", "console=ttyS0 panic=-1 quiet loglevel=3",
+            "-append", "console=ttyS0 panic=-1 quiet loglevel=3 tsc=reliable",
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={share},mount_tag=results,security_model=none"]
 
