@@ -9,7 +9,7 @@ says how BCC's syntax builds with plain clang).
 
 The object is tied to the text it was built from: ``count.bpf.json`` beside it holds the SHA-256 of
 that text (count.c with counting.inc spliced in, and the contract's assertions generated from the
-Python mirrors), and :func:`check_current` refuses an object built from other sources, so a mirror
+Python mirrors), of the headers it includes and of the flags, and :func:`check_current` refuses an object built from other sources, so a mirror
 that drifts from the C fails the build (its ``_Static_assert``), and a source that moved on without a
 rebuild fails the load, with the command that rebuilds it.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from netns_testbed import datapath as dp
 from netns_testbed.bpfmaps import _call, libbpf
-from netns_testbed.contract import static_asserts
+from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.errors import EnvironmentProblem, ExitCode
 
 log = logging.getLogger("flowpulse.bpfobject")
@@ -60,8 +60,17 @@ def build_text() -> str:
     return dp.source_text(SRC) + "\n" + static_asserts(structs, {**dp.C_CONSTANTS, "FP_RING": dp.RING})
 
 
+FLAGS = ("-target", "bpf", "-O2", "-g", "-Wall", "-Wno-unused-function", "-DFP_LIBBPF", f"-DFP_RING={dp.RING}")
+
+
 def source_digest() -> str:
-    return hashlib.sha256(build_text().encode()).hexdigest()
+    """SHA-256 over what the object is built from: the compiled text, every header it includes from
+    bpf/ (switch.h, packet.h, libbpf_compat.h) and the flags."""
+    h = hashlib.sha256(build_text().encode())
+    for header in sorted(dp.BPF_DIR.glob("*.h")):
+        h.update(f"\0{header.name}\0".encode() + header.read_bytes())
+    h.update("\0".join(FLAGS).encode())
+    return h.hexdigest()
 
 
 def find_clang() -> str:
@@ -75,8 +84,6 @@ def find_clang() -> str:
 
 def build(out: Path = OBJECT, clang: str | None = None) -> Path:
     """Compile count.c into ``out`` (and its stamp); the contract's drift names the fact."""
-    from netns_testbed.contract import drift_from
-
     clang = clang or find_clang()
     text = build_text()
     with tempfile.TemporaryDirectory(prefix="fp-bpfobj-") as tmp:
@@ -87,9 +94,8 @@ def build(out: Path = OBJECT, clang: str | None = None) -> Path:
         main.write_text(text)
         multiarch = Path("/usr/include") / f"{platform.machine()}-linux-gnu"
         # the same bytes from any checkout and temporary directory: paths in the debug info are mapped
-        cmd = [clang, "-target", "bpf", "-O2", "-g", "-Wall", "-Wno-unused-function", "-DFP_LIBBPF",
-               f"-fdebug-prefix-map={tmpd}=/flowpulse", f"-fdebug-prefix-map={dp.BPF_DIR}=/flowpulse/bpf",
-               f"-DFP_RING={dp.RING}", f"-I{dp.BPF_DIR}", f"-I{tmpd}", f"-I{multiarch}",
+        cmd = [clang, *FLAGS, f"-fdebug-prefix-map={tmpd}=/flowpulse", f"-fdebug-prefix-map={dp.BPF_DIR}=/flowpulse/bpf",
+               f"-I{dp.BPF_DIR}", f"-I{tmpd}", f"-I{multiarch}",
                "-c", str(main), "-o", str(tmpd / "count.bpf.o")]
         got = subprocess.run(cmd, capture_output=True, text=True)
         if got.returncode != 0:

@@ -51,6 +51,17 @@ def test_a_stale_or_missing_object_is_refused_with_the_command_that_rebuilds_it(
         bpfobject.check_current(obj)
 
 
+def test_a_header_that_changes_makes_the_object_stale(tmp_path, monkeypatch):
+    """switch.h and packet.h are #included, not spliced: the stamp covers them too."""
+    bpf = tmp_path / "bpf"
+    shutil.copytree(dp.BPF_DIR, bpf)
+    monkeypatch.setattr(dp, "BPF_DIR", bpf)
+    monkeypatch.setattr(bpfobject, "SRC", bpf / "count.c")
+    before = bpfobject.source_digest()
+    (bpf / "packet.h").write_text((bpf / "packet.h").read_text() + "\n// a change\n")
+    assert bpfobject.source_digest() != before
+
+
 def test_a_mirror_that_drifts_fails_the_build_naming_the_fact(tmp_path, monkeypatch):
     class Drifted(ct.Structure):      # struct fp_shape with its fields swapped
         _fields_ = [("nsrc", ct.c_uint32), ("nports", ct.c_uint32)]
