@@ -40,7 +40,12 @@ class SweepSpec:
             raise SpecError(f"bad --links {self.links}: this fabric has {n} directed leaf-spine links (1..{n})")
         return self
 
-    def points(self) -> list[tuple[str, float, str, int]]:
+    def fault(self, fabric: Fabric, kind: FaultKind, rate: float, link: str):
+        """One point's fault: ``kind`` at ``rate`` (of packets; of flows for partial) on ``link``, on from
+        iteration ``fault_at``."""
+        return parse_scheduled(fabric, f"{link}:{kind}={rate:g}@iter={self.fault_at}")
+
+    def points(self) -> list[tuple[FaultKind, float, str, int]]:
         fabric = Fabric(self.base.fabric)
         pts = []
         for kind, rate, seed in itertools.product(self.kinds, self.rates, self.seeds):
@@ -57,7 +62,7 @@ def run_sweep(sw: SweepSpec, out: Path, tick: Callable[[int, int, dict], None] |
     fabric = Fabric(sw.base.fabric)
     for i, (kind, rate, link, seed) in enumerate(pts):
         run_dir = out / f"{i:03d}-{kind}-{rate:g}-{link.replace('->', '_')}-s{seed}"
-        spec = replace(sw.base, seed=seed, faults=[parse_scheduled(fabric, f"{link}:{kind}={rate:g}@iter={sw.fault_at}")])
+        spec = replace(sw.base, seed=seed, faults=[sw.fault(fabric, kind, rate, link)])
         spec.job = replace(sw.base.job, seed=seed)
         try:
             rep = run_experiment(spec.validate(), run_dir, progress=log.debug)
