@@ -131,21 +131,15 @@ def check_current(obj: Path = OBJECT) -> None:
 
 @contextlib.contextmanager
 def _libbpf_messages(what: str):
-    """libbpf prints its warnings (a verifier's refusal among them) on file descriptor 2: collect them
-    into log records, so that an agent's --log-json stream stays JSON."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
+    """libbpf prints its warnings (a verifier's refusal among them) on file descriptor 2: collected into
+    log records, also when the call fails."""
+    got = None
+    try:
+        with dp.fd2_captured() as got:
             yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            text = tmp.read().decode(errors="replace").strip()
-            if text:
-                log.info("libbpf (%s) said:\n%s", what, text)
+    finally:
+        if got is not None and got.text.strip():
+            log.info("libbpf (%s) said:\n%s", what, got.text.strip())
 
 
 @lru_cache(maxsize=1)

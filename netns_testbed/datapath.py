@@ -310,9 +310,10 @@ class _Captured:
 
 
 @contextlib.contextmanager
-def compiler_output():
-    """Collect what BCC's compiler writes to file descriptor 2 (its diagnostics never reach the
-    exception) and hand it to :func:`log_compiler_output` (the contract's drift is named instead)."""
+def fd2_captured():
+    """What C code in this process (a compiler, libbpf) writes to file descriptor 2 inside the block,
+    collected into the yielded object's ``text`` (never raw lines on stderr: an agent's --log-json stream
+    stays JSON)."""
     got = _Captured()
     sys.stderr.flush()
     saved = os.dup(2)
@@ -325,8 +326,19 @@ def compiler_output():
             os.close(saved)
             tmp.seek(0)
             got.text = tmp.read().decode(errors="replace")
-            if got.text and not drift_from(got.text):
-                log_compiler_output(got.text)
+
+
+@contextlib.contextmanager
+def compiler_output():
+    """Collect what BCC's compiler writes to file descriptor 2 (its diagnostics never reach the
+    exception) and hand it to :func:`log_compiler_output` (the contract's drift is named instead)."""
+    got = None
+    try:
+        with fd2_captured() as got:
+            yield got
+    finally:        # also when the compile failed: its errors are logged here
+        if got is not None and got.text and not drift_from(got.text):
+            log_compiler_output(got.text)
 
 
 def log_compiler_output(text: str) -> None:
