@@ -23,6 +23,7 @@ from pathlib import Path
 
 from guest.kernel import KernelTree, initramfs
 from netns_testbed.errors import EnvironmentProblem
+from netns_testbed.slowdown import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 SHARE = "/flowpulse-guest"
@@ -58,6 +59,10 @@ cd %(repo)s
 mapfile -t args < $R/pytest.args
 set +x
 echo "guest: kernel $V, $(nproc) CPUs, sch_netem $(lsmod | grep -q '^sch_netem' && echo loaded || echo missing)"
+# The guest's pace against the host's (the same loop; netns_testbed/slowdown.py): job deadlines, waits
+# and per-test time limits stretch by it. Emulated, a job is slow, not hung.
+export FLOWPULSE_SLOWDOWN=$(%(python)s -m netns_testbed.slowdown --against %(host_s).4f)
+echo "guest: ${FLOWPULSE_SLOWDOWN}x slower than the host (FLOWPULSE_SLOWDOWN)"
 start=$(date +%%s)
 %(python)s -m pytest -q -p no:cacheprovider "${args[@]}" > $R/pytest.log 2>&1
 echo $? > $R/rc
@@ -132,7 +137,8 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
             raise EnvironmentProblem(f"{py} missing: run scripts/setup.sh first")
         run_sh = share / "run.sh"
         run_sh.write_text(RUN_SH % {"share": SHARE, "kdir": tree.root, "modules": " ".join(GUEST_MODULES),
-                                    "repo": REPO, "python": py})
+                                    "repo": REPO, "python": py,
+                                    "host_s": cpu_seconds()})
         run_sh.chmod(0o755)
         argv = qemu_argv(tree, initrd, share, cpus, mem_mb)
         log(f"guest: booting {tree.version} ({cpus} CPUs, {mem_mb} MiB, emulated), pytest {' '.join(pytest_args)}")

@@ -14,9 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from netns_testbed.slowdown import slowdown
+
 IS_ROOT = os.geteuid() == 0
 TRACES = Path(__file__).parent / "data" / "pulse-traces"   # recorded runs shipped with the repository
 _counter = itertools.count()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """Per-test time limits (pytest-timeout's --timeout) stretch by the machine's slowdown, as job
+    deadlines and waits do: an emulated guest (netns_testbed/slowdown.py) is slow, not hung."""
+    if getattr(config, "_env_timeout", None) and slowdown() > 1:
+        config._env_timeout *= slowdown()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -157,7 +167,7 @@ def default_testbed():
 
 def wait_iteration(progress: Path, i: int, timeout: float = 120) -> None:
     """Until rank 0 reports the end of iteration ``i`` (the idle gap before i + 1 begins)."""
-    deadline = time.time() + timeout
+    deadline = time.time() + timeout * slowdown()
     while time.time() < deadline:
         if progress.exists():
             for line in progress.read_text().splitlines():

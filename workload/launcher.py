@@ -24,6 +24,7 @@ from typing import Callable
 from netns_testbed.errors import EnvironmentProblem, SpecError
 from netns_testbed.topo import Fabric
 from netns_testbed.nsutil import kill_pids
+from netns_testbed.slowdown import slowdown
 from netns_testbed.state import Testbed
 from enum import Enum
 
@@ -94,14 +95,16 @@ class JobSpec:
             raise SpecError(f"bad idle {self.idle_ms} ms: must be 0..60000")
         if self.gloo_timeout_s <= 0:
             raise SpecError("gloo timeout must be > 0 seconds")
+        slowdown()   # a bad FLOWPULSE_SLOWDOWN is refused here, before anything is built
 
     @property
     def deadline(self) -> float:
-        """Wall-clock limit: start-up (torch import) + iterations at a pessimistic pace."""
+        """Wall-clock limit: start-up (torch import) + iterations at a pessimistic pace, times the machine's
+        slowdown (an emulated guest's; netns_testbed/slowdown.py)."""
         if self.deadline_s:
-            return self.deadline_s
+            return self.deadline_s * slowdown()
         per_iter = self.idle_ms / 1000 + 2.0 + self.size / 5e6
-        return 120.0 + self.iterations * per_iter + self.gloo_timeout_s
+        return (120.0 + self.iterations * per_iter + self.gloo_timeout_s) * slowdown()
 
 
 def placement(tb: Testbed, n: int, how: str) -> list[str]:
