@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from guest import kernel, vm
 
     try:
-        if not 1 <= args.cpus <= 64 or not 1024 <= args.mem <= 65536 or not 30 <= args.timeout <= 7200:
-            raise SpecError("bad --cpus/--mem/--timeout: 1-64 CPUs, 1024-65536 MiB, 30-7200 s")
+        if not 1 <= args.cpus <= 64 or not 1024 <= args.mem <= 65536 or not 30 <= args.timeout <= 86400:
+            raise SpecError("bad --cpus/--mem/--timeout: 1-64 CPUs, 1024-65536 MiB, 30-86400 s")
         if args.keep is not None and args.keep.exists() and not args.keep.is_dir():
             raise SpecError(f"--keep {args.keep} is not a directory: give a new or existing directory")
         if os.geteuid() != 0:
