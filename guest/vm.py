@@ -112,6 +112,13 @@ def qemu_argv(tree: KernelTree, initrd: Path, share: Path, cpus: int, mem_mb: in
             "-virtfs", f"local,path={share},mount_tag=results,security_model=none"]
 
 
+def run_script(kdir: Path | str, repo: Path | str, python: Path | str, host_s: float) -> str:
+    """The guest's ``run.sh`` for a kernel tree, a checkout and its interpreter; ``host_s`` is the host's
+    time for the slowdown loop (netns_testbed/slowdown.py), which the guest measures itself against."""
+    return RUN_SH % {"share": SHARE, "kdir": kdir, "modules": " ".join(GUEST_MODULES), "repo": repo,
+                     "python": python, "host_s": host_s}
+
+
 def hidden_in_guest(path: Path) -> str | None:
     """The guest's fresh mount that hides ``path`` of the host, if one does."""
     path = Path(os.path.realpath(path))
@@ -136,9 +143,7 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
         if not py.exists():
             raise EnvironmentProblem(f"{py} missing: run scripts/setup.sh first")
         run_sh = share / "run.sh"
-        run_sh.write_text(RUN_SH % {"share": SHARE, "kdir": tree.root, "modules": " ".join(GUEST_MODULES),
-                                    "repo": REPO, "python": py,
-                                    "host_s": cpu_seconds()})
+        run_sh.write_text(run_script(tree.root, REPO, py, cpu_seconds()))
         run_sh.chmod(0o755)
         argv = qemu_argv(tree, initrd, share, cpus, mem_mb)
         log(f"guest: booting {tree.version} ({cpus} CPUs, {mem_mb} MiB, emulated), pytest {' '.join(pytest_args)}")

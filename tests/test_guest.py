@@ -90,15 +90,18 @@ def test_qemu_argv_shares_root_read_only_and_has_no_network(tmp_path, monkeypatc
 
 
 def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
-    text = vm.RUN_SH % {"share": vm.SHARE, "kdir": "/k", "modules": "veth", "repo": "/r", "python": "/r/.venv/bin/python"}
+    text = vm.run_script("/k", "/r", "/r/.venv/bin/python", 0.05)
     assert 'mapfile -t args < $R/pytest.args' in text and '"${args[@]}"' in text
     assert "echo $? > $R/rc" in text
+    # the guest's pace against the host's, exported before pytest starts
+    slow = text.index("export FLOWPULSE_SLOWDOWN=$(/r/.venv/bin/python -m netns_testbed.slowdown --against 0.0500)")
+    assert slow < text.index("-m pytest")
 
 
 def test_the_run_script_hides_nothing_a_checkout_under_tmp_needs():
     """CI clones into /tmp: the guest must see a checkout there. The script mounts a fresh tmpfs only
     where GUEST_TMPFS says, and the runner refuses a checkout or kernel that one of them would hide."""
-    text = vm.RUN_SH % {"share": vm.SHARE, "kdir": "/k", "modules": "veth", "repo": "/r", "python": "/r/.venv/bin/python"}
+    text = vm.run_script("/k", "/r", "/r/.venv/bin/python", 0.05)
     fresh = {line.split()[-1] for part in text.splitlines() for line in part.split("&&")
              if line.split()[:3] == ["mount", "-t", "tmpfs"]}
     assert fresh <= set(vm.GUEST_TMPFS), fresh
