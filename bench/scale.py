@@ -24,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,7 +36,7 @@ from netns_testbed.topo import FabricSpec  # noqa: E402
 
 
 def trial(spines: int, spray: str, rate: float, seed: int, size: int, onset: int, iters: int, leaves: int,
-          hosts: int, mss: int) -> dict:
+          hosts: int, mss: int, base: DetectorConfig = DetectorConfig()) -> dict:
     fabric = FabricSpec(leaves=leaves, spines=spines, hosts_per_leaf=hosts, mtu=9000)
     rng = random.Random(seed)
     from netns_testbed.topo import Fabric
@@ -45,7 +46,7 @@ def trial(spines: int, spray: str, rate: float, seed: int, size: int, onset: int
     model = FabricModel(ModelSpec(fabric=fabric, size=size, spray=spray, mss=mss, seed=seed))
     # the model splits every flow with its own rotation per CPU (the datapath shares one per CPU
     # and destination); with interleaved ranks each leaf pair carries hosts_per_leaf flows
-    cfg = DetectorConfig(rotations=model.spec.ncpu * hosts)
+    cfg = replace(base, rotations=model.spec.ncpu * hosts)
     dets = {sw: SwitchDetector(fab, sw, cfg, spray) for sw in fab.switches}
     tracker = IncidentTracker(fab, LocalEvidence(lambda: dets))
     events = []
@@ -90,8 +91,12 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--onset", type=int, default=10)
     p.add_argument("--iterations", type=int, default=8, help="faulty iterations observed per trial")
+    p.add_argument("--magnitudes", type=float, nargs="+", help="the CUSUM bank's loss rates (default: the detector's)")
+    p.add_argument("--min-rate", type=float, help="the least estimated rate an alarm is raised at (default: the detector's)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    base = DetectorConfig(**({"magnitudes": tuple(args.magnitudes)} if args.magnitudes else {}),
+                          **({"min_rate": args.min_rate} if args.min_rate else {})).validate()
     size = int(args.size_gb * 1e9)
     rows = []
     t0 = time.time()
@@ -99,7 +104,7 @@ def main() -> int:
         for spray in args.sprays:
             for rate in args.rates:
                 res = [trial(spines, spray, rate, s, size, args.onset, args.iterations, args.leaves,
-                             args.hosts_per_leaf, args.mss) for s in range(args.trials)]
+                             args.hosts_per_leaf, args.mss, base) for s in range(args.trials)]
                 its = [r["iters"] for r in res if r["detected"]]
                 rows.append({"spines": spines, "spray": spray, "rate": rate, "trials": len(res),
                              "detected": sum(r["detected"] for r in res) / len(res),

@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from agent.detector.config import Model
+from agent.detector.config import DetectorConfig, Model
 from agent.privileges import SITE_AGENT_EBPF, SITE_AGENT_NETLINK, TESTBED_AGENT
 from flowpulse.argtypes import PER_SECOND, SECONDS, choice, number
 from flowpulse.cmdbase import Formatter, add_common
@@ -24,14 +24,12 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
                    help="false-alert budget: false alerts per day for the whole fabric")
     p.add_argument("--pulse-hz", type=PER_SECOND, default=1.0,
                    help="pulses (training iterations) per second per switch, for the budget")
-    p.add_argument("--min-rate", type=number(0, 1, above=True, below=True), default=0.001, help="do not raise alarms whose estimated rate is below this")
+    p.add_argument("--min-rate", type=number(0, 1, above=True, below=True), default=DetectorConfig.min_rate, help="do not raise alarms whose estimated rate is below this")
     p.add_argument("--degraded", action="append", default=[], metavar="LINK",
                    help="a link known to be lossy: excluded from the tests (repeatable)")
 
 
 def detector_config(args: argparse.Namespace):
-    from agent.detector import DetectorConfig
-
     return DetectorConfig(model=args.model, fa_per_day=args.fa_per_day, pulse_hz=args.pulse_hz,
                           min_rate=args.min_rate).validate()
 
