@@ -91,7 +91,7 @@ class FlowKey(ct.Structure):
 
 
 class Flow(ct.Structure):
-    _fields_ = [("end", ct.c_uint32), ("prev", ct.c_uint32)]
+    _fields_ = [("end", ct.c_uint32), ("prev", ct.c_uint32), ("id", ct.c_uint16), ("by_ack", ct.c_uint16)]
 
 
 class Span(ct.Structure):

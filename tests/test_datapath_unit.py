@@ -615,8 +615,11 @@ def spans(p: Program, port: int, remote: int) -> dict[str, int]:
     return dict(zip(dp.SPAN_FIELDS, (int(x) for x in got)))
 
 
-def seg(seq: int, n: int = MSS, sport: int = 41000, src=H0, dst=H2, flags="A"):
-    return tcp(src=src, dst=dst, sport=sport, seq=seq % (1 << 32), payload=b"y" * n, flags=flags)
+def seg(seq: int, n: int = MSS, sport: int = 41000, src=H0, dst=H2, flags="A", ip_id: int = 1):
+    """A data segment; ``ip_id`` is its IPv4 ID (scapy's default 1 for all: a sender whose IDs do not move)."""
+    pkt = tcp(src=src, dst=dst, sport=sport, seq=seq % (1 << 32), payload=b"y" * n, flags=flags)
+    pkt[IP].id = ip_id % (1 << 16)
+    return pkt
 
 
 def test_a_spine_adds_each_flows_span_and_new_bytes_per_ingress_port_and_destination_leaf(spine):
@@ -674,6 +677,45 @@ def test_a_segment_overtaken_on_the_way_is_new_where_it_lands(spine):
     spine.run("ingress", 0, seg(base + 12 * MSS, sport=41006))         # end 13, last advance 9..13
     spine.run("ingress", 0, seg(base + 4 * MSS, sport=41006))          # below it now: a retransmission
     assert spans(spine, 0, c) == {"first": 3, "resent": 1, "new_bytes": 3 * MSS, "span": 12 * MSS}
+
+
+def test_a_segment_overtaken_by_several_advances_is_new_if_sent_before_the_one_that_moved_the_end(spine):
+    """Live bursts reorder a flow by several of the port's segments (each hop's per-CPU backlogs). A
+    Linux sender numbers its packets (the IPv4 ID, per connection): a segment below the end whose ID
+    is older than that of the segment that moved the end there was sent before it, so it is a first
+    transmission overtaken twice over, and new here; one with a newer ID was sent after it, a
+    retransmission, even inside the last advance. By sequence alone the first would be resent (a
+    false loss of one segment) and the second new (a real loss hidden)."""
+    spine.reset()
+    c = class_of(H2)
+    base = 110_000
+    for i, ip_id in ((0, 100), (12, 112), (16, 116)):               # segments 4 and 8 overtaken by 12 and 16
+        spine.run("ingress", 0, seg(base + i * MSS, sport=41014, ip_id=ip_id))
+    spine.run("ingress", 0, seg(base + 4 * MSS, sport=41014, ip_id=104))     # two advances late, sent before
+    spine.run("ingress", 0, seg(base + 8 * MSS, sport=41014, ip_id=108))
+    assert spans(spine, 0, c) == {"first": 4, "resent": 0, "new_bytes": 4 * MSS, "span": 16 * MSS}
+    spine.run("ingress", 0, seg(base + 13 * MSS, sport=41014, ip_id=130))    # inside the last advance, sent after
+    spine.run("ingress", 0, seg(base + 4 * MSS, sport=41014, ip_id=131))     # far below, sent after
+    assert spans(spine, 0, c) == {"first": 4, "resent": 2, "new_bytes": 4 * MSS, "span": 16 * MSS}
+    # the ID is 16 bits: serial arithmetic across its wrap
+    spine.run("ingress", 0, seg(base + 24 * MSS, sport=41014, ip_id=65_534))
+    spine.run("ingress", 0, seg(base + 28 * MSS, sport=41014, ip_id=65_538))  # wraps to 2, moves the end
+    spine.run("ingress", 0, seg(base + 20 * MSS, sport=41014, ip_id=65_530))  # older than both: overtaken
+    spine.run("ingress", 0, seg(base + 21 * MSS, sport=41014, ip_id=65_539))  # newer (3): resent
+    assert spans(spine, 0, c) == {"first": 7, "resent": 3, "new_bytes": 7 * MSS, "span": 28 * MSS}
+
+
+def test_below_an_end_an_ack_moved_every_segment_is_resent_whatever_its_id(spine):
+    """The receiver's ACK moves the end with no segment's ID: below it the receiver has every byte, so
+    a segment there is resent even with an ID older than the port's last segment's."""
+    spine.reset()
+    c = class_of(H2)
+    base = 130_000
+    for i, ip_id in ((0, 500), (4, 504)):
+        spine.run("ingress", 0, seg(base + i * MSS, sport=41016, ip_id=ip_id))
+    spine.run("ingress", 1, ack(base + 10 * MSS, 41016))
+    spine.run("ingress", 0, seg(base + 2 * MSS, sport=41016, ip_id=502))
+    assert spans(spine, 0, c) == {"first": 1, "resent": 1, "new_bytes": MSS, "span": 9 * MSS}
 
 
 def test_spans_cross_the_sequence_wrap_and_a_new_connection_starts_over(spine):

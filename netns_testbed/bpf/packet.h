@@ -29,6 +29,7 @@ struct pkt_info {
     u8 syn_rst;     // TCP: SYN or RST set (a connection's sequence space starts over)
     u8 ack_flag;    // TCP: ACK set (ack holds the cumulative acknowledgement)
     u32 ack;        // TCP: the acknowledgement number (host order), if ack_flag
+    u16 ip_id;      // IPv4 identification (host order): a Linux sender counts it per connection, retransmissions included
     struct iphdr *iph;
 };
 
@@ -138,6 +139,7 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
     pi->syn_rst = 0;
     pi->ack_flag = 0;
     pi->ack = 0;
+    pi->ip_id = 0;
     pi->iph = 0;
     if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
         return;
@@ -145,6 +147,7 @@ static __always_inline void classify(struct __sk_buff *skb, struct pkt_info *pi,
     if ((void *)(iph + 1) > data_end)
         return;
     pi->iph = iph;
+    pi->ip_id = bpf_ntohs(iph->id);
     pi->saddr = iph->saddr;
     pi->daddr = iph->daddr;
     pi->src = fp_source_class(iph->saddr);

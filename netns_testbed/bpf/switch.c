@@ -104,7 +104,7 @@ static __always_inline void track_span(struct pkt_info *pi, u32 port, u32 cls, u
     u32 end = pi->seq + pi->payload;
     struct fp_flow *f = flows.lookup(&key);
     if (!f) {
-        struct fp_flow fresh = {.end = end, .prev = end};
+        struct fp_flow fresh = {.end = end, .prev = end, .id = pi->ip_id};
         flows.update(&key, &fresh);
         return;
     }
@@ -112,14 +112,19 @@ static __always_inline void track_span(struct pkt_info *pi, u32 port, u32 cls, u
     if (adv > (s32)FP_SPAN_LIMIT || adv < -(s32)FP_SPAN_LIMIT) {
         f->end = end;         // no window moves that far: the flow starts over
         f->prev = end;
+        f->id = pi->ip_id;
+        f->by_ack = 0;
         return;
     }
     struct fp_span *sp = span_cell(port, cls, id);
     if (!sp)
         return;
     if (adv <= 0) {
-        if ((s32)(pi->seq - f->prev) >= 0 && adv < 0) {
-            sp->first += 1;   // late inside the last advance: the port's own, overtaken (switch.h)
+        // below the highest end: overtaken (sent before the segment that moved the end) or resent (switch.h)
+        s16 age = (s16)(pi->ip_id - f->id);
+        int overtaken = f->by_ack ? 0 : age != 0 ? age < 0 : (s32)(pi->seq - f->prev) >= 0;
+        if (overtaken && adv < 0) {
+            sp->first += 1;
             sp->new_bytes += pi->payload;
         } else {
             sp->resent += 1;
@@ -128,6 +133,8 @@ static __always_inline void track_span(struct pkt_info *pi, u32 port, u32 cls, u
     }
     f->prev = f->end;
     f->end = end;
+    f->id = pi->ip_id;
+    f->by_ack = 0;
     sp->first += 1;
     sp->new_bytes += (u32)adv < pi->payload ? (u32)adv : pi->payload;
     sp->span += (u32)adv;
@@ -147,7 +154,7 @@ static __always_inline void track_ack(struct pkt_info *pi, u32 port, u32 cls, u6
                               .ports = (pi->ports << 16) | (pi->ports >> 16), .port = port};
     struct fp_flow *f = flows.lookup(&key);
     if (!f) {
-        struct fp_flow fresh = {.end = pi->ack, .prev = pi->ack};
+        struct fp_flow fresh = {.end = pi->ack, .prev = pi->ack, .by_ack = 1};
         flows.update(&key, &fresh);
         return;
     }
@@ -156,6 +163,8 @@ static __always_inline void track_ack(struct pkt_info *pi, u32 port, u32 cls, u6
         return;               // acknowledged below what the port has seen: nothing new
     f->end = pi->ack;         // everything below is the receiver's: a segment there now is resent
     f->prev = pi->ack;
+    f->id = 0;
+    f->by_ack = 1;
     if (adv > (s32)FP_SPAN_LIMIT)
         return;               // no window moves that far: the flow starts over
     struct fp_span *sp = span_cell(port, cls, id);

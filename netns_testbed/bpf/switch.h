@@ -127,10 +127,17 @@ struct fp_prefix_key {
 // the retransmissions (a segment below the port's last advance is a retransmission and counts
 // apart). A loss on the link into the port takes segments out of the new bytes and nothing out of
 // the span: the next segment that arrives spans the lost one too.
-// A segment that comes in below the highest end but inside its last advance is the port's own,
-// overtaken on the way (two CPUs forwarding one flow): its bytes are new here, and the advance that
-// overtook it already spanned them. A sender's retransmission comes a round trip later, when the
-// port's segments have moved the end on, and lies below the last advance.
+// A segment that comes in below the highest end may be the port's own, overtaken on the way (two
+// CPUs forwarding one flow: each hop's per-CPU backlogs reorder a burst by several segments), or a
+// retransmission. Its bytes are new here in the first case (the advance that overtook it already
+// spanned them) and not in the second; counted as resent, every overtaken segment reads as a loss
+// on this link (live, 4x4x2 rings: bursts of 25-30 per port and pulse, 1% of a port's segments, at
+// every spine alike). The sender tells them apart: Linux numbers every IPv4 packet of a connection
+// (the IP ID, per socket, retransmissions included), so a segment below the end sent *before* the
+// one that moved the end there (an older ID, 16-bit serial arithmetic) is an overtaken first
+// transmission, and one sent after it is resent. A sender whose IDs do not move (some stacks send 0
+// with DF) falls back to the last advance: below the highest end but inside its last advance is
+// overtaken, below that is resent. Below an end the flow's ACK set, everything is resent.
 // The remote leaf is the packet's destination leaf at a spine (its ingress port is the source
 // leaf), the source leaf at a leaf (its uplink is the spine).
 // At a spine the flow's ACKs move the same end (switch.c, track_ack): a pure ACK from leaf M to leaf
@@ -153,12 +160,14 @@ struct fp_flow_key {
 struct fp_flow {
     u32 end;           // highest sequence end seen on this port (host order)
     u32 prev;          // what it was before its last advance
+    u16 id;            // IPv4 ID of the segment that moved the end there (0 when an ACK did)
+    u16 by_ack;        // 1: the flow's ACK moved the end last (no segment's ID to compare with)
 };
 
 struct fp_span {
     u32 pulse;         // the (24-bit) pulse id these sums belong to
-    u32 first;         // segments with new data: beyond the highest end, or late inside its last advance
-    u32 resent;        // data segments below the last advance (retransmissions)
+    u32 first;         // segments with new data: beyond the highest end, or overtaken (sent before the one that moved it)
+    u32 resent;        // data segments below the highest end sent after the one that moved it (retransmissions)
     u32 pad;
     u64 new_bytes;     // their bytes: beyond the highest end, or the whole of a late one
     u64 span;          // sequence bytes the highest end moved by
