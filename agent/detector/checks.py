@@ -128,9 +128,9 @@ GROSS_SHARE = 0.2
 # The owner's same-packet reference (SpineCheck._span): its noise factors' priors (SpanNoise), live
 # means over healthy pulses of 4x4x2 rings of 4 MiB (`bench/span_floor.py RUNS`, "noise factors"):
 # per segment expected in cells with no resent segment, and per resent segment on top.
-# Per spray mode: rrdst the live mean (0.0033); rr the peer test's live factor of large flows (one
+# Per spray mode: rrdst the live mean (0.0028); rr the peer test's live factor of large flows (one
 # rotation per CPU, the same quantisation); random the multinomial's 1 - w at most.
-SPAN_PRIOR_R = 4.8
+SPAN_PRIOR_R = 0.03
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class SprayNoise:
 SPRAY_NOISE = {
     SprayMode.RANDOM: SprayNoise(peer_prior=1.0, spine_prior=1.0, span_prior=1.0, rotations=False),
     SprayMode.RR: SprayNoise(peer_prior=RR_PRIOR, spine_prior=0.06, span_prior=0.03, rotations=False),
-    SprayMode.RRDST: SprayNoise(peer_prior=2.0, spine_prior=0.06, span_prior=0.0033, rotations=True),
+    SprayMode.RRDST: SprayNoise(peer_prior=2.0, spine_prior=0.06, span_prior=0.0028, rotations=True),
 }
 SPAN_PRIOR_E = {mode: n.span_prior for mode, n in SPRAY_NOISE.items()}
 BALANCE, SPAN = Reference.BALANCE, Reference.SPAN

@@ -72,11 +72,12 @@ class SpanNoise(NoiseModel):
     ``V = phi_e e + phi_r R`` per cell, with ``u = (e, R)``.
 
     ``e``: the segments the port should have received (the spray share of its flows' sequence spans);
-    ``R``: the data segments it received below its flows' last advance (retransmissions). Resent
-    segments take the spray's rotation slots of first transmissions at the spine they cross, and the
-    others' resent segments give them back: the deficit moves by about ``R_K - w R_all`` (a live fit on
-    healthy pulses: 0.79 R_K - 0.18 R_others at w = 1/4), which the owner cannot see, so it is noise that
-    grows with ``R``. The two factors are :class:`NoiseModel`'s classes 0 and 1: ``phi_e`` is learned
+    ``R``: the data segments it received below its flows' highest end and sent after the segment that
+    moved it there (retransmissions, bpf/switch.h). Resent segments take the spray's rotation slots of
+    first transmissions at the spine they cross, and the others' resent segments give them back: the
+    deficit moves by about ``R_K - w R_all``, which the owner cannot see, so it is noise that grows with
+    ``R``. Live, with overtaken first transmissions told apart by their IP ID, ``phi_r`` is 0.03 (it was
+    4.8 when they counted as resent: a burst of them was a deficit at every spine). The two factors are :class:`NoiseModel`'s classes 0 and 1: ``phi_e`` is learned
     from certified-healthy cells without resent segments (``r^2 / e``), ``phi_r`` from those with them
     (``(r^2 - phi_e e) / R``), each from a measured prior worth ``prior_dof`` cells, each sample clipped
     at ``CLIP`` times its variance. The priors are live means (``bench/span_floor.py`` prints them).
