@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     r = run_case(case, Path(d))
                 except Exception as e:  # one run's failure (a build, a job) is reported, the others still run
+                    traceback.print_exc()
                     r = {"case": case, "link": "-", "iterations_to_detect": None, "named": None,
                          "iterations_detect_to_localize": f"error: {type(e).__name__}", "healthy_links_named": [],
                          "false_alerts": 0}

@@ -25,8 +25,9 @@ from netns_testbed import datapath as dp
 from netns_testbed import hooks, pidfile
 from netns_testbed.bpfmaps import obj_pin
 from netns_testbed.hooks import Hook
-from netns_testbed.nsutil import (NETNS_RUN_DIR, in_netns, iproute, kill_pids, pids_in_netns, require_root, set_offloads,
+from netns_testbed.nsutil import (NETNS_RUN_DIR, allow_netns_children, in_netns, iproute, kill_pids, pids_in_netns, require_root, set_offloads,
                                   sysctl)
+from netns_testbed.slowdown import slowdown
 from netns_testbed.state import RUN_DIR, Testbed, TestbedState, prefix_lock, remove_prefix_lock, state_dir, write_state
 from netns_testbed.topo import Fabric, SprayMode, FabricSpec, check_prefix, namespace, node_kind, parse_namespace
 
@@ -86,7 +87,9 @@ def up(prefix: str, spec: FabricSpec, opts: UpOptions | None = None,
     check_prefix(prefix)
     fabric = Fabric(spec)
     opts.validate(fabric)
+    factor = slowdown()              # a bad FLOWPULSE_SLOWDOWN is refused before anything is built
     require_root()
+    allow_netns_children(factor)
     if not NETNS_RUN_DIR.parent.exists():
         raise EnvironmentProblem("/var/run is missing: cannot name network namespaces")
     if opts.datapath:

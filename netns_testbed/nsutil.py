@@ -26,6 +26,24 @@ CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+# pyroute2 creates a namespace (and opens a netlink socket inside one) in a forked child and waits
+# pyroute2.config.default_communicate_timeout (2 s) for its answer. Right after a testbed is removed
+# the kernel is still dismantling its namespaces, and unshare(CLONE_NEWNET) waits for that: the first
+# namespace of an 8x8x1 fabric built again in the same process took 2.7 s here, so every second build
+# of a bench or a test session failed with "no response from the child" (the child was waiting, not
+# hung). The wait is the kernel's; this is a hang guard, stretched by FLOWPULSE_SLOWDOWN.
+NETNS_CHILD_TIMEOUT_S = 60.0
+
+
+def allow_netns_children(factor: float) -> None:
+    """Give pyroute2's namespace children ``NETNS_CHILD_TIMEOUT_S x factor`` to answer (never less
+    than it already allows)."""
+    import pyroute2.config as pyroute2_config
+
+    pyroute2_config.default_communicate_timeout = max(pyroute2_config.default_communicate_timeout,
+                                                      NETNS_CHILD_TIMEOUT_S * factor)
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         raise EnvironmentProblem("this needs root (network namespaces and eBPF): rerun with sudo")

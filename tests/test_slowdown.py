@@ -53,3 +53,17 @@ def test_the_command_prints_seconds_or_a_factor(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--against", "0"])
     assert e.value.code == 2
+
+
+def test_namespace_children_get_the_hang_guard_stretched_and_never_less(monkeypatch):
+    """pyroute2 waits 2 s for the child that creates a namespace; the builder gives it the hang guard
+    (tests/test_fabric.py has the rebuild it failed), times the slowdown, and never shortens a longer one."""
+    import pyroute2.config as pyroute2_config
+
+    from netns_testbed.nsutil import NETNS_CHILD_TIMEOUT_S, allow_netns_children
+
+    monkeypatch.setattr(pyroute2_config, "default_communicate_timeout", 2)
+    allow_netns_children(3.0)
+    assert pyroute2_config.default_communicate_timeout == 3.0 * NETNS_CHILD_TIMEOUT_S
+    allow_netns_children(1.0)
+    assert pyroute2_config.default_communicate_timeout == 3.0 * NETNS_CHILD_TIMEOUT_S
