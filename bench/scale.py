@@ -16,11 +16,13 @@ incident named the link; a healthy link named is counted apart).
 Beside the detector, the optimal CUSUM's delay at the same budget (``opt``): one CUSUM told the
 faulty link and its exact rate in advance, on that uplink's own count against the spray's null
 (a multinomial share for random: ``Var = n (1 - w)``, ``w = 1 / spines``; the rotation's
-quantisation for rrdst, taken as the same bound), with the in-control ARL the detector gives each of
-its CUSUMs (its per-switch budget, Bonferroni over its cells). Its expected delay from a zero start,
-``arl_brook_evans(delta, h, shift=delta)`` with ``delta = p sqrt(n / (1 - w))`` and ``h`` the
+quantisation for rrdst, taken as the same bound), with the switch's whole false-alarm budget
+(``ARL0 = 1 / alpha``, ``alpha`` the detector's per switch and pulse). Its expected delay from a zero
+start, ``arl_brook_evans(delta, h, shift=delta)`` with ``delta = p sqrt(n / (1 - w))`` and ``h`` the
 threshold for that ARL, plus the iteration in which the change falls. No test on that link's packets
 does better on average; ``ratio`` is the detector's mean against it (``--json`` has the median too).
+``opt/cusum``: the same CUSUM given only the ARL the detector gives each of its CUSUMs (the switch's
+budget shared over its cells and magnitudes): what the sharing costs is the difference.
 Prints a table; --json for machines. Runtime: ~1-3 min on 2 cores with defaults.
 
     python bench/scale.py --spines 32 64 --rates 0.015 0.005 0.002 0.001 --trials 5
@@ -129,13 +131,17 @@ def main() -> int:
                 res = [trial(spines, spray, rate, s, size, args.onset, args.iterations, args.leaves,
                              args.hosts_per_leaf, args.mss, base) for s in range(args.trials)]
                 its = [r["iters"] for r in res if r["detected"]]
-                opt = optimal_iters(rate, res[0]["packets_per_uplink"], spines, statistics.median(r["ln_arl"] for r in res))
+                n_switches = args.leaves + spines
+                opt = optimal_iters(rate, res[0]["packets_per_uplink"], spines, -math.log(base.alpha(n_switches)))
+                opt_cusum = optimal_iters(rate, res[0]["packets_per_uplink"], spines,
+                                          statistics.median(r["ln_arl"] for r in res))
                 rows.append({"spines": spines, "spray": spray, "rate": rate, "trials": len(res),
                              "detected": sum(r["detected"] for r in res) / len(res),
                              "median_iters": statistics.median(its) if its else None,
                              "max_iters": max(its) if its else None,
                              "mean_iters": round(statistics.mean(its), 1) if its else None,
                              "optimal_cusum_iters": round(opt, 1),
+                             "optimal_cusum_iters_at_one_cusums_arl": round(opt_cusum, 1),
                              "ratio_to_optimal": round(statistics.mean(its) / opt, 2) if len(its) == len(res) else None,
                              "false_alerts": sum(r["false"] for r in res),
                              "first_alert_candidates_hold_link": sum(r["candidates_ok"] for r in res) / len(res),
@@ -147,13 +153,13 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    hdr = f"{'spines':>6} {'spray':6} {'rate':>6} {'detected':>8} {'iters(mean/med/max)':>19} {'opt':>5} {'ratio':>5} {'false':>5} {'cand.ok':>7} {'localized':>9} {'pkts/uplink':>11} {'ms/pulse':>8}"
+    hdr = f"{'spines':>6} {'spray':6} {'rate':>6} {'detected':>8} {'iters(mean/med/max)':>19} {'opt':>5} {'opt/cusum':>9} {'ratio':>5} {'false':>5} {'cand.ok':>7} {'localized':>9} {'pkts/uplink':>11} {'ms/pulse':>8}"
     print(hdr)
     for r in rows:
         it = f"{r['mean_iters']}/{r['median_iters']}/{r['max_iters']}" if r["median_iters"] is not None else "-"
         ratio = "-" if r["ratio_to_optimal"] is None else f"{r['ratio_to_optimal']:.2f}"
         print(f"{r['spines']:>6} {r['spray']:6} {r['rate']:>6.3%} {r['detected']:>8.0%} {it:>19} "
-              f"{r['optimal_cusum_iters']:>5} {ratio:>5} {r['false_alerts']:>5} "
+              f"{r['optimal_cusum_iters']:>5} {r['optimal_cusum_iters_at_one_cusums_arl']:>9} {ratio:>5} {r['false_alerts']:>5} "
               f"{r['first_alert_candidates_hold_link']:>7.0%} {r['localized']:>9.0%} {r['packets_per_uplink_per_iter']:>11} "
               f"{r['judge_ms_per_switch_pulse']:>8}")
     print("public numbers (SprayCheck, 64 spines, Llama-3 70B): 1.5% within 1 iteration, 0.5% within 5")
