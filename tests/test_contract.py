@@ -14,7 +14,7 @@ from netns_testbed.contract import drift_from, static_asserts
 from netns_testbed.topo import Fabric, FabricSpec
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-PRELUDE = "typedef unsigned char u8; typedef unsigned int u32; typedef unsigned long long u64;\n" \
+PRELUDE = "typedef unsigned char u8; typedef unsigned short u16; typedef unsigned int u32; typedef unsigned long long u64;\n" \
           '#include "switch.h"\n'
 
 
