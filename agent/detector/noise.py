@@ -77,10 +77,11 @@ class SpanNoise(NoiseModel):
     first transmissions at the spine they cross, and the others' resent segments give them back: the
     deficit moves by about ``R_K - w R_all``, which the owner cannot see, so it is noise that grows with
     ``R``. Live, with overtaken first transmissions told apart by their IP ID, ``phi_r`` is 0.03 (it was
-    4.8 when they counted as resent: a burst of them was a deficit at every spine). The two factors are :class:`NoiseModel`'s classes 0 and 1: ``phi_e`` is learned
-    from certified-healthy cells without resent segments (``r^2 / e``), ``phi_r`` from those with them
-    (``(r^2 - phi_e e) / R``), each from a measured prior worth ``prior_dof`` cells, each sample clipped
-    at ``CLIP`` times its variance. The priors are live means (``bench/span_floor.py`` prints them).
+    4.8 when they counted as resent: a burst of them was a deficit at every spine). The two factors
+    are :class:`NoiseModel`'s classes 0 and 1: ``phi_e`` is learned from certified-healthy cells
+    without resent segments (``r^2 / e``), ``phi_r`` from those with them (``(r^2 - phi_e e) / R``),
+    each from a measured prior worth ``prior_dof`` cells, each sample clipped at ``CLIP`` times its
+    variance. The priors are live means (``bench/span_floor.py`` prints them).
     """
 
     def __init__(self, phi_e0: float, phi_r0: float, prior_dof: float, floor: float) -> None:

@@ -124,8 +124,8 @@ struct fp_prefix_key {
 // spans the bytes the flow sent over every spine since the port's previous segment. Per pulse and
 // (port, remote leaf) the program adds the spans and the new bytes the port's own segments carried:
 // new bytes = spray share x span on a healthy link, whatever the workload, the pulse's timing or
-// the retransmissions (a segment below the port's last advance is a retransmission and counts
-// apart). A loss on the link into the port takes segments out of the new bytes and nothing out of
+// the retransmissions (a segment below the highest end sent after the one that moved it there is a
+// retransmission and counts apart). A loss on the link into the port takes segments out of the new bytes and nothing out of
 // the span: the next segment that arrives spans the lost one too.
 // A segment that comes in below the highest end may be the port's own, overtaken on the way (two
 // CPUs forwarding one flow: each hop's per-CPU backlogs reorder a burst by several segments), or a
