@@ -43,6 +43,7 @@ from analysis.replay import in_time_order  # noqa: E402
 from analysis.rundir import check_replayable, load_pulses  # noqa: E402
 from netns_testbed.errors import SpecError  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode, node_kind  # noqa: E402
+from agent.pulse import SPAN_BYTES, SPAN_FIRST, SPAN_NEW  # noqa: E402
 
 
 
@@ -104,6 +105,32 @@ def balance_judge(rep: dict, pulses: dict) -> Judge:
     return judge
 
 
+SIZE_BINS = ((20, 200), (200, 1000), (1000, 3000), (3000, math.inf))
+
+
+def dest_cells(fabric: Fabric, pulses, onset: float) -> list[tuple[float, float]]:
+    """A spine's cells per source leaf (port) and destination leaf, healthy pulses: per cell with at least
+    five pulses of 20 segments expected, (mean segments expected, sd of expected - seen), in segments.
+    What ``checks.DEST_MIN_SEGMENTS`` rests on: the noise model against cells of each size."""
+    w = 1.0 / len(fabric.spines)
+    out = []
+    rows = [pc.span for pc in pulses if pc.span is not None and pc.end_time < onset]
+    if len(rows) < 5:
+        return out
+    L = len(fabric.leaves)
+    sp = np.array([r[:L, 1:L + 1, :] for r in rows], dtype=float)    # pulse, port (source), destination, field
+    first, new_b, span = sp[..., SPAN_FIRST], sp[..., SPAN_NEW], sp[..., SPAN_BYTES]
+    seg = np.divide(new_b, first, out=np.ones_like(new_b), where=first > 0)
+    e = w * span / seg
+    d = e - first
+    for a in range(L):
+        for b in range(L):
+            m = e[:, a, b] >= 20
+            if m.sum() >= 5:
+                out.append((float(e[m, a, b].mean()), float(d[m, a, b].std())))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -120,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "rms span (spine)": [], "rms balance (spine)": []}
     segs_per_pulse: list[float] = []
     noise: list[tuple[float, float, float]] = []
+    cells: list[tuple[float, float]] = []
     faulty_rows = []
     for run in args.runs:
         rep = json.loads((run / "report.json").read_text())
@@ -133,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         for sw, ps in pulses.items():
             if node_kind(sw) == "spine":
                 noise += noise_samples(fabric, sw, ps, onset)
+                cells += dest_cells(fabric, ps, onset)
         fault_links = {f["link"]: f for f in faults}
         judge = None if args.no_balance else balance_judge(rep, pulses)
         for sw, ps in pulses.items():
@@ -177,6 +206,15 @@ def main(argv: list[str] | None = None) -> int:
         phi_r = float(np.mean((r2[~quiet] - phi_e * e[~quiet]) / R[~quiet])) if (~quiet).any() else math.nan
         print(f"  noise factors of the spines' reference (SpanNoise: V = phi_e e + phi_r R): phi_e {phi_e:.4f} "
               f"({int(quiet.sum())} cells without resent segments), phi_r {phi_r:.2f} ({int((~quiet).sum())} with)")
+    if cells and noise:
+        ce, csd = (np.array(x) for x in zip(*cells))
+        print("  a spine's cells per source and destination leaf, healthy sd of expected - seen (segments) against"
+              " the model's sqrt(phi_e e):")
+        for lo, hi in SIZE_BINS:
+            m = (ce >= lo) & (ce < hi)
+            if m.any():
+                print(f"    {lo:>5}-{hi:<5} segments a pulse: {int(m.sum()):4d} cells, sd {np.median(csd[m]):.2f} "
+                      f"against {math.sqrt(phi_e * np.median(ce[m])):.2f}")
     if faulty_rows:
         print("\nfaulty link, faulty pulses: estimate mean / sd per pulse (span; balance), SPRT pulses at 100:1 (span)")
         print(f"  {'run':34s} {'link':16s} {'p':>6s} {'n':>3s} {'span':>8s} {'sd':>7s} {'bal':>8s} {'sd':>7s} {'sprt':>5s}")
