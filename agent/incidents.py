@@ -46,6 +46,7 @@ from agent import verdictauth
 from agent.detector import SwitchDetector
 from agent.detector.alerts import Alert, AlertEvent, AlertKind, CheckKind
 from agent.detector.verdict import (MODEL_ERROR, Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from,
+                                   judges_the_same_flows,
                                    path_evidence, settle)
 from netns_testbed import untrusted
 from netns_testbed.safefiles import read_bounded, write_atomic
@@ -341,7 +342,7 @@ class IncidentTracker:
         # (the same packets as the path's), or where it judged none there (too few segments: a path that
         # carries only ACKs), on everything that came in from leaf A.
         ev = self._evidence(up, window, rate, toward=a.switch)
-        same_flows = ev is not None and not math.isinf(ev.sd)
+        same_flows = judges_the_same_flows(ev)
         if not same_flows:
             ev = self._evidence(up, window, rate)
         sd = float((a.evidence or {}).get("rate_sd") or max(rate / 4, 1e-4))

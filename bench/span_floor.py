@@ -111,7 +111,7 @@ SIZE_BINS = ((20, 200), (200, 1000), (1000, 3000), (3000, math.inf))
 def dest_cells(fabric: Fabric, pulses, onset: float) -> list[tuple[float, float]]:
     """A spine's cells per source leaf (port) and destination leaf, healthy pulses: per cell with at least
     five pulses of 20 segments expected, (mean segments expected, sd of expected - seen), in segments.
-    What ``checks.DEST_MIN_SEGMENTS`` rests on: the noise model against cells of each size."""
+    What ``verdict.DEST_MIN_SEGMENTS`` rests on: the noise model against cells of each size."""
     w = 1.0 / len(fabric.spines)
     out = []
     rows = [pc.span for pc in pulses if pc.span is not None and pc.end_time < onset]

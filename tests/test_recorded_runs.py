@@ -37,10 +37,12 @@ def test_a_spine_cell_of_a_stray_flow_does_not_settle_a_leafs_alert(monkeypatch)
     """reduce_scatter, 2% drops on leaf2->spine1 and spine3->leaf0 (a fresh clone's test command):
     leaf3's alert on uplink 1 from leaf2 was settled on spine1's cell of leaf2's flows towards leaf3,
     about 112 segments a pulse of stray flows whose healthy scatter is ten times the noise model's; it
-    read the 2% loss as a surplus and the healthy spine1->leaf3 was named. Such cells are not judged
-    (checks.DEST_MIN_SEGMENTS): the alert is settled on the whole port, which reads the loss."""
+    read the 2% loss as a surplus and the healthy spine1->leaf3 was named. Such cells do not settle an
+    alert (verdict.DEST_MIN_SEGMENTS): it is settled on the whole port, which reads the loss."""
+    from agent.detector import verdict
+
     run = "clone-reduce-scatter-stray-flow-cell"
-    monkeypatch.setattr(checks, "DEST_MIN_SEGMENTS", 0)
+    monkeypatch.setattr(verdict, "DEST_MIN_SEGMENTS", 0)
     assert detection(run)["incidents_naming_healthy_links"] == ["spine1->leaf3"]
 
 

@@ -234,7 +234,7 @@ def test_exported_verdict_files_give_the_same_span_evidence_as_the_detectors(tmp
     spec = ModelSpec(fabric=FabricSpec(leaves=4, spines=4, hosts_per_leaf=2), faults={"leaf1->spine2": 0.01}, seed=4)
     fab = Fabric(spec.fabric)
     dets = {sw: SwitchDetector(fab, sw, DetectorConfig(), SprayMode.RRDST) for sw in fab.switches}
-    for sw, pulses in simulate(spec, 40, fault_from=30).items():
+    for sw, pulses in simulate(spec, 35, fault_from=30).items():
         for i, pc in enumerate(pulses):
             pc.start_time, pc.end_time = float(i), i + 0.5
             dets[sw].observe(pc)
@@ -258,3 +258,38 @@ def test_exported_verdict_files_give_the_same_span_evidence_as_the_detectors(tmp
     led = dets["spine2"].owner.ledger
     assert doc["ncells"] == len(doc["cells"]) < led.ncells == 4 + 16
     assert {n for n in doc["cells"] if n.count("->") == 1} == {f"leaf{a}->spine2" for a in range(4)}
+
+
+@pytest.mark.parametrize("sizes, judged_by", [((1100,) + (600,) * 4, "leaf2->spine1"),
+                                              ((1100,) * 5, "leaf2->spine1->leaf1")])
+def test_a_cell_near_the_bound_settles_on_its_window_not_on_the_pulses_above_it(sizes, judged_by):
+    """A 2% loss on leaf2->spine1 (counter model, 4x4x2); spine1's cell of leaf2's flows towards leaf1
+    expects the given segments in each of the five faulty pulses (live: a mitigation's canary cut the
+    uplink to a quarter of its share, and the cell hovered around the bound); spine1 has no alert of
+    its own yet. leaf1's alert is settled upstream at once: on the whole port when the window's cells
+    are small on average, on the cell when they are not.
+    (Bounding each pulse instead judged the cell in the one pulse above it, and the alert waited for a
+    second that never came: it paged as "localizing".)"""
+    from agent.detector import SwitchDetector
+    from agent.incidents import IncidentTracker, LocalEvidence
+
+    spec = ModelSpec(fabric=FabricSpec(leaves=4, spines=4, hosts_per_leaf=2), faults={"leaf2->spine1": 0.02}, seed=2)
+    fab = Fabric(spec.fabric)
+    dets = {sw: SwitchDetector(fab, sw, DetectorConfig(), SprayMode.RRDST) for sw in fab.switches}
+    faulty = iter(sizes)
+    for sw, pulses in simulate(spec, 35, fault_from=30).items():
+        for i, pc in enumerate(pulses):
+            pc.start_time, pc.end_time = float(i), i + 0.5
+            if sw == "spine1" and i >= 30:
+                e = next(faulty)
+                pc.span[2, 2] = sums(round(0.98 * e), 0, 0.25)
+                pc.span[2, 2, SPAN] = e / 0.25 * MSS
+            dets[sw].observe(pc)
+    assert not dets["spine1"].owner.open_loss_links()
+    alert = {"event": "alert", "alert_id": "leaf1/1/in/loss", "time": 34.6, "switch": "leaf1", "port": 1,
+             "link": None, "candidates": ["spine1->leaf1", "leaf2->spine1"], "kind": "loss",
+             "estimated_rate": 0.02, "onset_time": 30.0, "evidence": {"rate_sd": 0.004}}
+    evs = IncidentTracker(fab, LocalEvidence(lambda: dets)).feed(alert)
+    assert [e.get("link") for e in evs] == ["leaf2->spine1"], evs
+    owner = evs[0]["evidence"]["owner_evidence"]
+    assert owner["link"] == judged_by and owner["pulses"] == 5, owner

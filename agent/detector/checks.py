@@ -131,16 +131,6 @@ GROSS_SHARE = 0.2
 # Per spray mode: rrdst the live mean (0.0028); rr the peer test's live factor of large flows (one
 # rotation per CPU, the same quantisation); random the multinomial's 1 - w at most.
 SPAN_PRIOR_R = 0.03
-# A spine's cell of one source leaf's flows towards one destination leaf is judged only when it expects
-# at least this many segments a pulse; below, a leaf's alert is settled on the whole port. The noise
-# model (phi_e e) holds for the cells it was fitted on and not for small ones: over the healthy pulses
-# of 40 live runs (a 36-run sweep and the four workloads of tests/test_localize_live.py; `bench/
-# span_floor.py RUNS` prints it per cell size), cells of 1,000-3,000 segments scatter 2.62 segments
-# against the model's 2.96, cells of 20-200 (a ring's stray flows towards a third leaf) 5.55 against
-# 0.62: the segment-size mix of a few messages under a deterministic rotation, not the count. Such a cell read a
-# 2% loss on leafA->spineK as a 2.7% surplus "intact" (reduce_scatter, the test command's run) and the
-# healthy downstream link was named.
-DEST_MIN_SEGMENTS = 1000
 
 
 @dataclass(frozen=True)
@@ -712,8 +702,8 @@ class SpineCheck:
         smp = span_samples(port, None, self.span_judged[:, None], self.cfg.min_cell_pkts,
                            expected_bytes=(self.wk * sp[:, :, SPAN_BYTES]).sum(axis=1, keepdims=True))
         seg = np.divide(port[..., SPAN_NEW], port[..., SPAN_FIRST], out=np.zeros((L, 1)), where=port[..., SPAN_FIRST] > 0)
-        dest = span_samples(sp, self.wk, self.span_judged[:, None] & (self.wk > 0),
-                            max(self.cfg.min_cell_pkts, DEST_MIN_SEGMENTS), seg_unseen=np.where(seg > 0, seg, np.inf))
+        dest = span_samples(sp, self.wk, self.span_judged[:, None] & (self.wk > 0), self.cfg.min_cell_pkts,
+                            seg_unseen=np.where(seg > 0, seg, np.inf))
         return (Samples(smp.r[:, 0], smp.u[:, 0], smp.s[:, 0], smp.mask[:, 0], smp.expected[:, 0],
                         smp.observed[:, 0], start_time=pc.start_time), dest)
 

@@ -93,6 +93,27 @@ TIMING_VAR_PER_LOSS = 0.0015
 # A loss's onset is moved later than the alert's (Ledger.onset) only when that is this many nats more
 # likely: one pulse that read low by chance must not take the loss's first pulse out of the window.
 ONSET_GAIN = 3.0
+# A spine's cell of one source leaf's flows towards one destination leaf settles a leaf's alert only
+# when it expected at least this many segments a pulse over the window (the mean over its judged
+# pulses); below, the alert is settled on the whole port (agent.incidents). The noise model (phi_e e)
+# holds for the cells it was fitted on and not for small ones: over the healthy pulses of 40 live runs
+# (a 36-run sweep and the four workloads of tests/test_localize_live.py; `bench/span_floor.py RUNS`
+# prints it per cell size), cells of 1,000-3,000 segments scatter 2.62 segments against the model's
+# 2.96, cells of 20-200 (a ring's stray flows towards a third leaf) 5.55 against 0.62: the segment-size
+# mix of a few messages under a deterministic rotation, not the count. Such a cell read a 2% loss on
+# leafA->spineK as a 2.7% surplus "intact" (reduce_scatter, a fresh clone's test command) and the
+# healthy downstream link was named. Over the window, not per pulse: a cell near the bound (a
+# mitigation's canary cuts the suspect uplink to a quarter of its share) judged in one pulse of nine
+# left the alert waiting on one pulse while the leaf's own evidence had nine (live, allreduce 2 MiB,
+# 2% on leaf2->spine1, tests/test_prometheus.py's drain test): it paged as "localizing".
+DEST_MIN_SEGMENTS = 1000.0
+
+
+def judges_the_same_flows(ev: LinkEvidence | None) -> bool:
+    """Whether an owner's evidence on a link's flows towards one leaf (``toward``) can settle that leaf's
+    alert: judged, and (the same-packet reference) of cells large enough for the noise model
+    (:data:`DEST_MIN_SEGMENTS`)."""
+    return ev is not None and not math.isinf(ev.sd) and (ev.segments is None or ev.segments >= DEST_MIN_SEGMENTS)
 
 
 class Reference(str, Enum):
@@ -127,12 +148,14 @@ class LinkEvidence:
     alert_open: bool     # the owner has a loss alert open on this link
     reference: Reference = Reference.BALANCE
     start: float | None = None   # where the window it judged began, when the owner chose it (a path's onset)
+    segments: float | None = None   # the same-packet reference: segments expected per judged pulse (mean)
 
     def to_dict(self) -> dict:
         return {"link": self.link, "owner": self.owner, "rate": round(self.rate, 6),
                 "sd": None if math.isinf(self.sd) else round(self.sd, 6), "pulses": self.pulses,
                 "alert_open": self.alert_open, "reference": str(self.reference),
-                **({"start": self.start} if self.start is not None else {})}
+                **({"start": self.start} if self.start is not None else {}),
+                **({"segments": round(self.segments, 1)} if self.segments is not None else {})}
 
 
 # Pulses an alert was open over: those that started at or after the first time and before the second
@@ -368,7 +391,8 @@ def evidence_from(ledger: Ledger, cell: int, since: float | Sequence[Span], link
         # noise plus the loss's own binomial noise at the window's rate (a loss's pulses scatter by it and
         # say nothing against the model); the sd stays the null one: what "no loss here" would give.
         chi2 = sum((a / b - q) ** 2 / (1.0 / b + max(q, 0.0) / max(seg, 1.0)) for a, b, seg in rows)
-        return LinkEvidence(link, owner, q, math.sqrt(scatter_ratio(chi2, n) / sb), n, alert_open, ledger.reference)
+        return LinkEvidence(link, owner, q, math.sqrt(scatter_ratio(chi2, n) / sb), n, alert_open, ledger.reference,
+                            segments=sum(seg for _, _, seg in rows) / n)
     share2 = timing_share2(loss)
     # per pulse: (a/b - q)^2 against 1/b + the timing of its two boundaries, 2 share2 (bg / b)^2
     chi2 = sum((a / b - q) ** 2 / pulse_variance(b, bg, share2) for a, b, bg in rows)
