@@ -109,6 +109,25 @@ def test_pulses_read_late_are_judged_by_the_shares_of_their_time():
     assert events == []
 
 
+class TellTwice(Tell):
+    """As an agent that read the state while the leaves were still switching (the change's end not yet
+    written: ``t1`` None), then again with its end (agent.daemon's follow_changes tells both)."""
+
+    def __call__(self, dets, oos, t0, t1, weights=None) -> None:
+        for d in dets.values():
+            d.reshare(oos, t0, None, weights)
+            d.reshare(oos, t0, t1, weights)
+
+
+def test_a_change_told_while_switching_and_again_with_its_end_is_judged_from_its_end_on():
+    """The change told again replaces itself (the shares tuple's window start is what identifies it):
+    only the crossed pulse is left out. Comparing the wrong field kept the open-ended copy at the head
+    of the queue, and every pulse after the drain was skipped: detection stopped for good."""
+    events, dets = _stream(SPEC, 20, 60, ["spine1->leaf2"], TellTwice())
+    assert events == []
+    assert all(d.skipped <= 1 and not d.changes for d in dets.values()), {sw: d.skipped for sw, d in dets.items()}
+
+
 def test_a_drained_faulty_link_keeps_its_alert_open_and_nothing_else_alarms():
     spec = dataclasses.replace(SPEC, seed=5)
     model = FabricModel(spec)

@@ -113,7 +113,7 @@ class SwitchDetector:
         both ways and is not judged. The same change told again with its end known replaces itself."""
         lo = t0_ns - RESHARE_SETTLE_NS
         hi = math.inf if t1_ns is None else t1_ns + RESHARE_SETTLE_NS
-        if self.changes and self.changes[-1][1] == lo:
+        if self.changes and self.changes[-1][2] == lo:           # (out_of_service, weights, lo, hi)
             self.changes.pop()
         self.changes.append((list(out_of_service), dict(self.weights if weights is None else weights), lo, hi))
 
