@@ -38,7 +38,7 @@ from agent.incidents import IncidentTracker, LocalEvidence
 from agent.pulse import PulseCounts
 from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
-from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
+from netns_testbed.topo import Fabric, FabricSpec, Link, SprayChange, SprayMode
 from netns_testbed.untrusted import BadInput
 
 FEED_VERSION = 1
@@ -149,10 +149,16 @@ class Judge:
     out_of_service: list[Link] = field(default_factory=list)
     degraded: list[Link] = field(default_factory=list)
     weights: dict | None = None
+    # spray changes (drains, weights) the pulses were sprayed under, oldest first: each pulse is judged by
+    # the shares of its time and one a change crosses is not judged (SwitchDetector.reshare), as live
+    changes: list[SprayChange] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.detectors = {sw: SwitchDetector(self.fabric, sw, self.cfg, self.spray, self.weights,
                                              self.out_of_service, self.degraded) for sw in self.fabric.switches}
+        for chg in self.changes:
+            for det in self.detectors.values():
+                det.reshare(list(chg.out_of_service), chg.t0_ns, chg.t1_ns, dict(chg.weights))
         self.tracker = IncidentTracker(self.fabric, LocalEvidence(lambda: self.detectors))
         self.pulses = 0
 

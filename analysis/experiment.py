@@ -33,7 +33,7 @@ from analysis.spec import ExperimentSpec, ScheduledFault
 from netns_testbed import builder, faults as fault_ops
 from netns_testbed.faults import Backend
 from netns_testbed.safefiles import secure_dir
-from netns_testbed.state import Testbed
+from netns_testbed.state import Testbed, change_to_dict
 from workload.launcher import run_job
 
 log = logging.getLogger("flowpulse.experiment")
@@ -139,7 +139,12 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         fault_end = time.time()
         base_after = baselines.snapshot(tb)
         fault_ops.clear(tb)
-        drained_at_end = sorted(Testbed.load(tb.prefix).state.drained)
+        end_state = Testbed.load(tb.prefix)
+        drained_at_end = sorted(end_state.state.drained)
+        # what the leaves sprayed over, and when each change switched (a replay judges each pulse by the
+        # shares of its time, as the agents did); the state keeps the latest MAX_CHANGES
+        spray_changes = [change_to_dict(c) for c in end_state.spray_changes]
+        changes_lost = end_state.state.epoch - len(spray_changes)
         agent_cpu = {a.switch: a.busy_s for a in agents}
         agent_errors = {a.switch: a.errors for a in agents if a.errors}
     finally:
@@ -181,7 +186,8 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         "workload": {"ok": job.ok, "failure": job.failure, "failed_rank": job.failed_rank, **job.summary},
         "detection": detection_summary(applied, alerts, iterations, incs),
         "baselines": base,
-        "mitigation": {"policy": spec.to_dict()["mitigation"], "actions": actions, "drained_at_end": drained_at_end},
+        "mitigation": {"policy": spec.to_dict()["mitigation"], "actions": actions, "drained_at_end": drained_at_end,
+                       "spray_changes": spray_changes, "spray_changes_lost": changes_lost},
         "cost": [fault_cost(f, iterations, alerts, inc_events, actions) for f in applied],
         "agent_busy_s": agent_cpu,
         "agent_errors": agent_errors,               # polls that raised, per switch (logged with their traceback)

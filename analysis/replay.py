@@ -7,7 +7,8 @@ live agent: only the source of PulseCounts differs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from agent.detector import DetectorConfig
@@ -17,7 +18,9 @@ from agent.pulse import PulseCounts
 from analysis.rundir import load_report
 from analysis.scoring import detection_summary
 from netns_testbed.errors import SpecError
-from netns_testbed.topo import Fabric, FabricSpec, SprayMode
+from netns_testbed.topo import Fabric, FabricSpec, SprayChange, SprayMode
+
+log = logging.getLogger("flowpulse.replay")
 
 
 REPLAYED = ("spec", "faults", "iterations")   # what a replay reads of a run's report
@@ -25,10 +28,13 @@ REPLAYED = ("spec", "faults", "iterations")   # what a replay reads of a run's r
 
 def run_detectors(fabric: Fabric, pulses: dict[str, list[PulseCounts]], cfg: DetectorConfig,
                   spray: SprayMode, weights: dict | None = None, oos_texts: list[str] | None = None,
-                  degraded: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+                  degraded: list[str] | None = None,
+                  changes: Sequence[SprayChange] = ()) -> tuple[list[dict], list[dict]]:
     """Each switch's detector over its own pulses, all switches' pulses in time order (as live), and
-    the incident tracker over their alerts: (alert events, incident events)."""
-    judge = Judge(fabric, cfg, spray, fabric.parse_link_list(oos_texts), fabric.parse_link_list(degraded), weights)
+    the incident tracker over their alerts: (alert events, incident events). ``changes``: the run's
+    spray changes (drains, weights), each pulse judged by the shares of its time."""
+    judge = Judge(fabric, cfg, spray, fabric.parse_link_list(oos_texts), fabric.parse_link_list(degraded), weights,
+                  changes=list(changes))
     events: list[dict] = []
     for pc in in_time_order(pulses):
         events += judge.observe(pc)[0]
@@ -45,10 +51,39 @@ def judged_run(path: Path, cfg: DetectorConfig | None = None) -> tuple[Judge, di
     spec = report["spec"]
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     judge = Judge(fabric, cfg or DetectorConfig(), SprayMode.parse(spec["spray"]),
-                  fabric.parse_link_list(spec.get("out_of_service")))
+                  fabric.parse_link_list(spec.get("out_of_service")), changes=spray_changes(path, report, fabric))
     for pc in in_time_order(load_pulses(Path(path) / "pulses")):
         judge.observe(pc)
     return judge, report
+
+
+def spray_changes(path: Path, report: dict, fabric: Fabric) -> list[SprayChange]:
+    """The spray changes a run recorded (``mitigation.spray_changes``: the mitigation's drains and canary
+    weights, an operator's drains), checked against the report's schema: the agents judged each pulse by
+    the shares of its time, and so does a replay. A run with a mitigation policy and no record of them
+    (a report from before they were kept) is replayed with its first shares throughout, said once on
+    stderr: the suspect uplink's canary share reads as a loss of three quarters of its traffic."""
+    from analysis.rundir import REPORT_SCHEMA
+    from netns_testbed import untrusted
+    from netns_testbed.state import change_from_dict
+
+    mit = report.get("mitigation")
+    if mit is None:
+        return []
+    try:
+        untrusted.check_parts(REPORT_SCHEMA, report, ("mitigation",))
+    except untrusted.BadInput as e:
+        raise SpecError(f"{Path(path) / 'report.json'}: {e}: run the experiment again") from None
+    if "spray_changes" not in mit:
+        if (report.get("spec") or {}).get("mitigation") and mit.get("actions"):
+            log.warning("%s: the run's mitigation acted but its report keeps no spray changes (an older run): "
+                        "replayed with its first shares throughout", path)
+        return []
+    if mit.get("spray_changes_lost"):
+        log.warning("%s: the testbed kept the run's latest %d spray changes of %d: the pulses before them are "
+                    "judged by the wrong shares", path, len(mit["spray_changes"]),
+                    len(mit["spray_changes"]) + mit["spray_changes_lost"])
+    return [change_from_dict(fabric, d) for d in mit["spray_changes"]]
 
 
 def in_time_order(pulses: dict[str, list[PulseCounts]]) -> list[PulseCounts]:
@@ -74,7 +109,7 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
     fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     pulses = load_pulses(path / "pulses")
     events, inc_events = run_detectors(fabric, pulses, cfg, SprayMode.parse(spec["spray"]), None,
-                                       spec.get("out_of_service"), degraded)
+                                       spec.get("out_of_service"), degraded, spray_changes(path, report, fabric))
     alerts = report_alerts(events)
     applied = [f for f in report["faults"] if f.get("start")]
     incs = summarize(inc_events)

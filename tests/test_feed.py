@@ -12,6 +12,7 @@ import pytest
 from agent.detector import DetectorConfig
 from agent.feed import Judge, read_feed
 from analysis.replay import replay_dir, run_as_feed
+from netns_testbed.topo import FabricSpec, Link, SprayMode
 
 RUNS = Path(__file__).parent / "data" / "recorded-runs"
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,3 +87,35 @@ def test_missing_feed_file_and_bad_output_file(tmp_path):
     assert out.returncode == 2 and "no such file" in out.stderr
     out = flowpulse("feed", "-", "--alerts", str(tmp_path / "no" / "a.jsonl"), stdin=HEADER + "\n")
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_a_judge_given_the_runs_spray_changes_judges_each_pulse_by_the_shares_of_its_time():
+    """The counter model (4x4x2): from pulse 20 leaf2 sprays a quarter of its share on uplink 1 (a
+    mitigation's canary). Judged with that change at its monotonic time (as a replay of a run that
+    recorded it: report.json's mitigation.spray_changes), nothing alarms; judged with the first shares
+    throughout (a replay before they were recorded), the missing three quarters read as a loss."""
+    from analysis.model import FabricModel, ModelSpec
+    from analysis.replay import in_time_order
+    from netns_testbed.topo import SprayChange
+
+    spec = ModelSpec(fabric=FabricSpec(leaves=4, spines=4, hosts_per_leaf=2), seed=6)
+    m = FabricModel(spec)
+    pulses: dict[str, list] = {sw: [] for sw in m.fabric.switches}
+    for i in range(40):
+        if i == 20:
+            m.set_out_of_service([], {"leaf2->spine1": 0.25})
+        for sw, pc in m.step().items():
+            pc.start_ns, pc.end_ns = i * 10**9, i * 10**9 + 5 * 10**8
+            pc.start_time, pc.end_time = float(i), i + 0.5
+            pulses[sw].append(pc)
+    link = Link("leaf2", "spine1")
+    change = SprayChange(1, "weight", (link,), (), 19_700_000_000, 19_800_000_000, (("leaf2->spine1", 0.25),))
+    order = in_time_order(pulses)
+
+    def alerts(changes):
+        judge = Judge(m.fabric, DetectorConfig(), SprayMode.RRDST, changes=changes)
+        return [e for pc in order for e in judge.observe(pc)[0] if e["event"] == "alert"]
+
+    assert alerts([change]) == []
+    wrong = alerts([])
+    assert any(e["link"] == "leaf2->spine1" or "leaf2->spine1" in e["candidates"] for e in wrong), wrong
