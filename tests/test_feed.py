@@ -119,3 +119,48 @@ def test_a_judge_given_the_runs_spray_changes_judges_each_pulse_by_the_shares_of
     assert alerts([change]) == []
     wrong = alerts([])
     assert any(e["link"] == "leaf2->spine1" or "leaf2->spine1" in e["candidates"] for e in wrong), wrong
+
+
+def test_a_mitigated_run_is_replayed_with_its_canary_and_drain(monkeypatch):
+    """A live run with `--mitigate` (4x4x2, allreduce 2 MiB, 2% on leaf2->spine1 from iteration 15): the
+    agents cut the uplink to a canary share, named it and drained it. Replayed with the spray changes its
+    report keeps, spine1 reads the fault's rate on the canary pulse and nothing is left to judge on the
+    drained link; the fault is named as live and nothing healthy is. With its first shares throughout
+    (a replay before the changes were kept) the canary pulse reads the missing three quarters as a loss."""
+    import analysis.replay as replay
+    from agent.detector.verdict import evidence_from
+
+    run = RUNS / "mitigated-canary-then-drain"
+    report = json.loads((run / "report.json").read_text())
+    when = {a["action"]: a["time"] for a in report["mitigation"]["actions"]}
+    assert [c["action"] for c in report["mitigation"]["spray_changes"]] == ["weight", "drain", "weight"]
+
+    def canary_pulse():
+        judge, _ = replay.judged_run(run)
+        ledger = judge.detectors["spine1"].owner.ledger
+        return evidence_from(ledger, 2, [(when["canary"], when["drain"])], "leaf2->spine1", "spine1", False, 0.02)
+
+    ev = canary_pulse()
+    assert ev.pulses >= 1 and abs(ev.rate - 0.02) < 0.015, ev
+    det = replay_dir(run, DetectorConfig())["detection"]
+    assert det["false_positives"] == 0 and det["incidents_naming_healthy_links"] == []
+    assert [f["localized_link"] for f in det["per_fault"]] == ["leaf2->spine1"], det["per_fault"]
+    monkeypatch.setattr(replay, "spray_changes", lambda *a: [])
+    assert canary_pulse().rate > 0.5
+
+
+@pytest.mark.parametrize("bad, problem", [({"action": "flip"}, "action"), ({"links": ["leaf9->spine1"]}, "leaf9"),
+                                          ({"t0_ns": -1}, "t0_ns")])
+def test_a_runs_malformed_spray_change_stops_the_replay_with_one_line(tmp_path, bad, problem):
+    import shutil
+
+    from netns_testbed.errors import SpecError
+
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "mitigated-canary-then-drain", run)
+    report = json.loads((run / "report.json").read_text())
+    report["mitigation"]["spray_changes"][0].update(bad)
+    (run / "report.json").write_text(json.dumps(report))
+    with pytest.raises(SpecError) as e:
+        replay_dir(run, DetectorConfig())
+    assert problem in str(e.value) and "\n" not in str(e.value), e.value
