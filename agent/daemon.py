@@ -182,6 +182,9 @@ class SwitchAgent:
             return
         changes = self.dep.spray_changes()
         if not changes:
+            # none yet: every change from now on is new (left None, the first look that found two
+            # changes took the latest alone, and the pulses between them were judged by the build's shares)
+            self.change_seen = self.change_seen or (0, None)
             return
         start = self.change_seen is None
         seen_epoch, seen_t1 = self.change_seen or (changes[-1].epoch, None)

@@ -167,3 +167,29 @@ def test_check_drain_refuses_host_links_and_cut_off_leaves():
         fab.check_drain([], [Link("leaf1", "spine0")], min_spines=2)
     with pytest.raises(SpecError, match="min-spines 0"):
         fab.check_drain([], [], min_spines=0)
+
+
+def test_an_agent_that_started_before_any_change_takes_every_change_it_finds():
+    """agent.daemon's follow_changes: an agent that found no change at start and then two at once (a
+    canary and a drain between two of its looks) tells its detector both, in order; one that started
+    with changes recorded takes the latest alone (its detector was built with those shares)."""
+    from types import SimpleNamespace
+
+    from agent.daemon import SwitchAgent
+    from netns_testbed.topo import SprayChange
+
+    link = Link("leaf0", "spine1")
+    canary = SprayChange(1, "weight", (link,), (), 10, 20, (("leaf0->spine1", 0.25),))
+    drain = SprayChange(2, "drain", (link,), (link,), 30, 40, (("leaf0->spine1", 0.25),))
+    recorded: list = []
+    told = []
+    agent = SimpleNamespace(dep=SimpleNamespace(spray_changes=lambda: recorded), switch="leaf1", change_seen=None,
+                            detector=SimpleNamespace(reshare=lambda oos, t0, t1, w: told.append(t0)))
+    SwitchAgent.follow_changes(agent)
+    recorded += [canary, drain]
+    SwitchAgent.follow_changes(agent)
+    assert told == [10, 30]
+    late = SimpleNamespace(dep=agent.dep, switch="leaf1", change_seen=None, detector=agent.detector)
+    told.clear()
+    SwitchAgent.follow_changes(late)
+    assert told == [30]
