@@ -46,8 +46,7 @@ from agent import verdictauth
 from agent.detector import SwitchDetector
 from agent.detector.alerts import Alert, AlertEvent, AlertKind, CheckKind
 from agent.detector.verdict import (MODEL_ERROR, Ledger, LinkEvidence, Reference, Span, Verdict, evidence_from,
-                                   judges_the_same_flows,
-                                   path_evidence, settle)
+                                   judges_the_same_flows, path_evidence, settle)
 from netns_testbed import untrusted
 from netns_testbed.safefiles import read_bounded, write_atomic
 from netns_testbed.untrusted import REFUSED, BadInput
