@@ -193,7 +193,7 @@ class SwitchAgent:
             log.warning("%s: %d spray changes went by unread (the state keeps the latest %d): judging from the "
                         "latest", self.switch, changes[0].epoch - seen_epoch - 1, len(changes))
         for chg in new if not start else [changes[-1]]:
-            self.detector.reshare(list(chg.out_of_service), chg.t0_ns, chg.t1_ns, dict(chg.weights))
+            self.detector.take(chg)
             if not start:
                 log.info("%s: spray change %d (%s %s): %d link(s) out of service, %d weighted", self.switch,
                          chg.epoch, chg.action, ", ".join(l.name for l in chg.links), len(chg.out_of_service),

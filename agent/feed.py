@@ -158,7 +158,7 @@ class Judge:
                                              self.out_of_service, self.degraded) for sw in self.fabric.switches}
         for chg in self.changes:
             for det in self.detectors.values():
-                det.reshare(list(chg.out_of_service), chg.t0_ns, chg.t1_ns, dict(chg.weights))
+                det.take(chg)
         self.tracker = IncidentTracker(self.fabric, LocalEvidence(lambda: self.detectors))
         self.pulses = 0
 

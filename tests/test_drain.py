@@ -184,7 +184,7 @@ def test_an_agent_that_started_before_any_change_takes_every_change_it_finds():
     recorded: list = []
     told = []
     agent = SimpleNamespace(dep=SimpleNamespace(spray_changes=lambda: recorded), switch="leaf1", change_seen=None,
-                            detector=SimpleNamespace(reshare=lambda oos, t0, t1, w: told.append(t0)))
+                            detector=SimpleNamespace(take=lambda chg: told.append(chg.t0_ns)))
     SwitchAgent.follow_changes(agent)
     recorded += [canary, drain]
     SwitchAgent.follow_changes(agent)

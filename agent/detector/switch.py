@@ -41,7 +41,7 @@ from agent.detector.evidence import CusumBank, Judgement, PoissonCusum
 from agent.detector.lifecycle import AlertLifecycle
 from agent.detector.owner import OwnerService
 from agent.pulse import PulseAssembler, PulseCounts
-from netns_testbed.topo import Fabric, Link, SprayMode, node_kind
+from netns_testbed.topo import Fabric, Link, SprayChange, SprayMode, node_kind
 # Host ports are not judged while a fabric loss into the leaf shows (see observe); a switch for the
 # recorded-run tests that show what each rule fixes
 HOSTS_WAIT_FOR_FABRIC_LOSS = True
@@ -116,6 +116,10 @@ class SwitchDetector:
         if self.changes and self.changes[-1][2] == lo:           # (out_of_service, weights, lo, hi)
             self.changes.pop()
         self.changes.append((list(out_of_service), dict(self.weights if weights is None else weights), lo, hi))
+
+    def take(self, change: SprayChange) -> None:
+        """A recorded spray change (a drain, restore or weight: netns_testbed.drain), told as :meth:`reshare`."""
+        self.reshare(list(change.out_of_service), change.t0_ns, change.t1_ns, dict(change.weights))
 
     def _shares_for(self, pc: PulseCounts) -> bool:
         """Bring the checks' shares to the pulse's time; False if a change crosses the pulse."""
