@@ -47,14 +47,21 @@ def judged_run(path: Path, cfg: DetectorConfig | None = None) -> tuple[Judge, di
     run's report."""
     from analysis.rundir import load_pulses
 
-    report = load_report(Path(path), REPLAYED)
+    report, fabric, changes = load_run(Path(path))
     spec = report["spec"]
-    fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     judge = Judge(fabric, cfg or DetectorConfig(), SprayMode.parse(spec["spray"]),
-                  fabric.parse_link_list(spec.get("out_of_service")), changes=spray_changes(path, report, fabric))
+                  fabric.parse_link_list(spec.get("out_of_service")), changes=changes)
     for pc in in_time_order(load_pulses(Path(path) / "pulses")):
         judge.observe(pc)
     return judge, report
+
+
+def load_run(path: Path) -> tuple[dict, Fabric, list[SprayChange]]:
+    """A run directory's report (checked), its fabric and its spray changes (checked), before any pulse
+    is read: a malformed report stops a replay with one line and nothing judged."""
+    report = load_report(path, REPLAYED)
+    fabric = Fabric(FabricSpec.from_dict(report["spec"]["fabric"]))
+    return report, fabric, spray_changes(path, report, fabric)
 
 
 def spray_changes(path: Path, report: dict, fabric: Fabric) -> list[SprayChange]:
@@ -104,12 +111,11 @@ def replay_dir(path: Path, cfg: DetectorConfig, degraded: list[str] | None = Non
     from analysis.experiment import report_alerts
     from analysis.rundir import load_pulses
 
-    report = load_report(path, REPLAYED)
+    report, fabric, changes = load_run(path)
     spec = report["spec"]
-    fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
     pulses = load_pulses(path / "pulses")
     events, inc_events = run_detectors(fabric, pulses, cfg, SprayMode.parse(spec["spray"]), None,
-                                       spec.get("out_of_service"), degraded, spray_changes(path, report, fabric))
+                                       spec.get("out_of_service"), degraded, changes)
     alerts = report_alerts(events)
     applied = [f for f in report["faults"] if f.get("start")]
     incs = summarize(inc_events)
@@ -125,8 +131,13 @@ def run_as_feed(path: Path) -> Iterator[str]:
     path = Path(path)
     if not (path / "report.json").exists():
         raise SpecError(f"{path}: not a run directory (no report.json); --as-feed takes an experiment's run")
-    spec = load_report(path, REPLAYED)["spec"]
-    fabric = Fabric(FabricSpec.from_dict(spec["fabric"]))
+    report, fabric, changes = load_run(path)
+    spec = report["spec"]
+    if changes:
+        # the feed's header carries the build's shares only (agent.feed.FeedHeader)
+        log.warning("%s: the run's %d spray changes (drains, canary weights) are not in a feed: its reader judges "
+                    "every pulse by the first shares; `flowpulse replay` of the directory applies them",
+                    path, len(changes))
     oos = tuple(fabric.parse_link_list(spec.get("out_of_service")))
     header = FeedHeader(fabric, SprayMode.parse(spec["spray"]), oos)
     return feed_lines(header, in_time_order(load_pulses(path / "pulses")))

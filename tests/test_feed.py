@@ -151,9 +151,10 @@ def test_a_mitigated_run_is_replayed_with_its_canary_and_drain(monkeypatch):
 
 @pytest.mark.parametrize("bad, problem", [({"action": "flip"}, "action"), ({"links": ["leaf9->spine1"]}, "leaf9"),
                                           ({"t0_ns": -1}, "t0_ns")])
-def test_a_runs_malformed_spray_change_stops_the_replay_with_one_line(tmp_path, bad, problem):
+def test_a_runs_malformed_spray_change_stops_the_replay_with_one_line(tmp_path, monkeypatch, bad, problem):
     import shutil
 
+    import analysis.rundir
     from netns_testbed.errors import SpecError
 
     run = tmp_path / "run"
@@ -161,6 +162,25 @@ def test_a_runs_malformed_spray_change_stops_the_replay_with_one_line(tmp_path, 
     report = json.loads((run / "report.json").read_text())
     report["mitigation"]["spray_changes"][0].update(bad)
     (run / "report.json").write_text(json.dumps(report))
+
+    def no_pulses(*a):
+        raise AssertionError("pulses read before the report's spray changes were checked")
+
+    monkeypatch.setattr(analysis.rundir, "load_pulses", no_pulses)
     with pytest.raises(SpecError) as e:
         replay_dir(run, DetectorConfig())
     assert problem in str(e.value) and "\n" not in str(e.value), e.value
+
+
+def test_a_mitigated_run_as_a_feed_says_its_spray_changes_stay_behind(caplog):
+    """A feed's header has the build's shares only: the reader would judge the canary's pulses as a loss."""
+    from analysis.replay import run_as_feed
+
+    with caplog.at_level("WARNING", logger="flowpulse.replay"):
+        lines = list(run_as_feed(RUNS / "mitigated-canary-then-drain"))
+    assert len(lines) > 1
+    assert any("3 spray changes" in r.getMessage() for r in caplog.records), caplog.records
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flowpulse.replay"):
+        list(run_as_feed(RUNS / "span-drop-0.5pct-spine0-leaf1"))
+    assert not caplog.records
