@@ -38,8 +38,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.detector.config import DetectorConfig  # noqa: E402
+from agent.detector.switch import RESHARE_SETTLE_NS  # noqa: E402
 from agent.feed import Judge  # noqa: E402
-from analysis.replay import in_time_order  # noqa: E402
+from analysis.replay import in_time_order, spray_changes  # noqa: E402
 from analysis.rundir import check_replayable, load_pulses  # noqa: E402
 from netns_testbed.errors import SpecError  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec, SprayMode, node_kind  # noqa: E402
@@ -155,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         faults = rep.get("faults", [])
         onset = min((f["start"] for f in faults), default=math.inf)
         pulses = load_pulses(run / "pulses")
+        changes = spray_changes(run, rep, fabric)
+        if changes:
+            # every cell here is read by the build's shares: a mitigated run's pulses from its first spray
+            # change on (a canary's quarter share reads as a loss of three quarters) are left out
+            cut = min(c.t0_ns for c in changes) - RESHARE_SETTLE_NS
+            kept = {sw: [pc for pc in ps if pc.end_ns < cut] for sw, ps in pulses.items()}
+            print(f"span_floor: {run.name}: {sum(map(len, pulses.values())) - sum(map(len, kept.values()))} pulses "
+                  f"from its first spray change ({changes[0].action} {', '.join(l.name for l in changes[0].links)}) "
+                  "on left out", file=sys.stderr)
+            pulses = kept
         if not any(pc.span is not None for ps in pulses.values() for pc in ps):
             print(f"span_floor: {run} has no sequence spans (recorded by an older datapath)", file=sys.stderr)
             return 2
