@@ -94,6 +94,17 @@ class FaultScheduler(threading.Thread):
             self.stop.wait(0.01)
 
 
+def injector_counts(tb) -> dict[str, dict]:
+    """Per fault still on, what its injector selected and hit (the BPF injector's packets selected and
+    dropped or damaged; netem's packets through it and dropped, None where it counts none). A fault that
+    hit nothing (a partial blackhole whose flow share no flow hashed into) could not be caught."""
+    try:
+        return {r["link"]: {"matched": r["matched"], "hit": r["hit"]} for r in fault_ops.listing(tb)}
+    except Exception as e:   # a count that cannot be read costs the report a figure, not the run
+        log.warning("the injectors' counts could not be read (%s): the report leaves them out", e)
+        return {}
+
+
 def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], None] | None = None) -> dict:
     """Run it; returns report.json's content. The testbed is always removed."""
     spec.validate()
@@ -138,6 +149,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
         th.join(timeout=5)
         fault_end = time.time()
         base_after = baselines.snapshot(tb)
+        injected = injector_counts(tb)
         fault_ops.clear(tb)
         end_state = Testbed.load(tb.prefix)
         drained_at_end = sorted(end_state.state.drained)
@@ -159,7 +171,8 @@ def run_experiment(spec: ExperimentSpec, out: Path, progress: Callable[[str], No
     events = [json.loads(l) for l in (out / "alerts.jsonl").read_text().splitlines() if l.strip()]
     fault_rows = [{"link": sf.fault.link.name, "kind": sf.fault.kind.value, "rate": sf.fault.effective_rate,
                    "spec": sf.fault.describe(), "start": sched.applied.get(sf.fault.link.name) if sched else None,
-                   "end": fault_end if sched and sf.fault.link.name in sched.applied else None}
+                   "end": fault_end if sched and sf.fault.link.name in sched.applied else None,
+                   **injected.get(sf.fault.link.name, {"matched": None, "hit": None})}
                   for sf in spec.faults]
     applied = [f for f in fault_rows if f["start"] is not None]
     iterations = [{"index": it["index"], "start": it["start"], "end": it["end"], "duration_s": it["duration_s"],

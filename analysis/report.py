@@ -121,7 +121,8 @@ def text_summary(report: dict) -> str:
     lines.append(f"workload: {'completed' if w.get('ok') else 'FAILED: ' + str(w.get('failure'))}, "
                  f"{w.get('completed_iterations', 0)} iterations, median {1e3 * (w.get('iteration_s_median') or 0):.0f} ms")
     for f in report["faults"]:
-        lines.append(f"fault: {f['spec']} (on at {f['start'] - report['started']:.1f} s)" if f.get("start")
+        hit = "" if f.get("hit") is None else f", {f['hit']} of {f['matched']} packets hit"
+        lines.append(f"fault: {f['spec']} (on at {f['start'] - report['started']:.1f} s{hit})" if f.get("start")
                      else f"fault: {f['spec']} (never switched on)")
     for a in report["alerts"]:
         lines.append(f"alert: {a['switch']} port {a['port']} ({a['ifname']}) {a['kind']} "

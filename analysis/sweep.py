@@ -82,7 +82,9 @@ def summarize_run(rep: dict, kind: str, rate: float, link: str, seed: int) -> di
     pf = det["per_fault"][0] if det["per_fault"] else {}
     b = rep["baselines"]
     ic, hr = b["interface_counters"], b["host_retransmissions"]
+    hit = rep["faults"][0].get("hit") if rep.get("faults") else None
     return {"kind": kind, "rate": rate, "link": link, "seed": seed, "job_ok": rep["workload"].get("ok"),
+            "fault_hit": hit,
             "detected": bool(pf.get("detected")), "iterations_to_detect": pf.get("iterations_to_detect"),
             "seconds_to_detect": pf.get("seconds_to_detect"), "localized": bool(pf.get("localization_correct")),
             "iterations_detect_to_localize": pf.get("iterations_detect_to_localize"),

@@ -80,7 +80,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     def tick(i, n, row):
         bar.set_postfix_str(f"{row['kind']} {row['rate']:g} {row['link']}: "
-                            + ("error" if "error" in row else "caught" if row["detected"] else "missed"))
+                            + ("error" if "error" in row else "caught" if row["detected"] else
+                               "missed (its injector hit no packet)" if row.get("fault_hit") == 0 else "missed"))
         bar.update(1)
     rows = run_sweep(sw, args.out, tick)
     bar.close()

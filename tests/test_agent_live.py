@@ -38,6 +38,8 @@ def test_known_out_of_service_silent_new_fault_caught(tmp_path):
     assert det["false_positives"] == 0, det["false_alerts"]
     assert det["true_positives"] == 1
     assert all("spine0->leaf3" in a["candidates"] or a["link"] == "spine0->leaf3" for a in rep["alerts"])
+    f = rep["faults"][0]    # the injector's own counts: what it selected on the link, and dropped
+    assert f["matched"] > 2000 and 0.012 < f["hit"] / f["matched"] < 0.028, f
 
 
 def test_idle_fabric_with_background_noise_and_agent_restart(make_testbed, tmp_path):

@@ -244,3 +244,5 @@ def test_drop_in_a_real_job_is_caught_and_named_with_either_backend(netem, backe
           f"{rep['detection']['false_positives']} false alert(s)")
     assert det["detected"] and det["localization_correct"], det
     assert rep["detection"]["false_positives"] == 0, rep["detection"]["false_alerts"]
+    f = rep["faults"][0]    # what the backend counted: packets through it and dropped
+    assert f["matched"] > 1000 and 0 < f["hit"] < 0.05 * f["matched"], f
