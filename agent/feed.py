@@ -5,15 +5,27 @@ and converted), and the common path of the replay.
 The feed is UTF-8 JSON, one object per line. The first line describes the fabric::
 
     {"flowpulse_feed": 1, "fabric": {"leaves": 4, "spines": 4, "hosts_per_leaf": 2, "mtu": 1500},
-     "spray": "rrdst", "out_of_service": []}
+     "spray": "rrdst", "out_of_service": [], "spray_changes": []}
+
+``spray_changes`` (optional): the drains, restores and uplink weights the pulses were sprayed under,
+oldest first, each with the monotonic window its tables switched in, as a testbed's state and a run's
+report keep them (``{"epoch", "action", "links", "out_of_service", "t0_ns", "t1_ns", "weights"}``): a
+pulse is judged by the shares of its time, one a change crosses is not judged.
 
 Every further line is one switch's pulse (a pulse = one collective iteration, closed at an idle gap),
 in the order the pulses ended, across switches::
 
     {"switch": "leaf2", "pulse": 17, "start_time": 1796060749.58, "end_time": 1796060749.90,
+     "start_ns": 9207164059978, "end_ns": 9207245963264,
      "ip": [[[other, from leaf0, ..., from leaf L-1, non-IP] x (in, out)] x ports],
      "bad": [[in, out] x ports], "data": (optional, like ip: TCP segments with payload),
-     "dup": (optional, [[[segments, bytes] x (in, out)] x ports]: TCP segments carrying a D-SACK)}
+     "dup": (optional, [[[segments, bytes] x (in, out)] x ports]: TCP segments carrying a D-SACK),
+     "span": (optional, [[[first, resent, new bytes, sequence span] x remote leaf class] x ports])}
+
+``start_ns``, ``end_ns`` (optional): the pulse's kernel monotonic times, on the clock of the header's
+spray changes (a pulse without them is judged by the shares after every change). ``span``: the
+owner's same-packet reference (agent.pulse.PulseCounts.span; without it the owners judge by the
+balance of counts).
 
 ``ip[port][dir][src]``: IPv4 packets with a good header on the port (ports in the fabric model's order:
 a leaf's uplinks spine0..S-1 then its hosts; a spine's leaves), ``dir`` 0 in, 1 out, ``src`` 0 for
@@ -35,9 +47,10 @@ import numpy as np
 
 from agent.detector import DetectorConfig, SwitchDetector
 from agent.incidents import IncidentTracker, LocalEvidence
-from agent.pulse import PulseCounts
+from agent.pulse import SPAN_FIELDS, PulseCounts
 from netns_testbed import untrusted
 from netns_testbed.errors import SpecError
+from netns_testbed.state import change_from_untrusted, change_to_dict
 from netns_testbed.topo import Fabric, FabricSpec, Link, SprayChange, SprayMode
 from netns_testbed.untrusted import BadInput
 
@@ -49,10 +62,14 @@ class FeedHeader:
     fabric: Fabric
     spray: SprayMode
     out_of_service: tuple[Link, ...] = ()
+    changes: tuple[SprayChange, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"flowpulse_feed": FEED_VERSION, "fabric": self.fabric.spec.to_dict(), "spray": str(self.spray),
-                "out_of_service": [l.name for l in self.out_of_service]}
+        d = {"flowpulse_feed": FEED_VERSION, "fabric": self.fabric.spec.to_dict(), "spray": str(self.spray),
+             "out_of_service": [l.name for l in self.out_of_service]}
+        if self.changes:
+            d["spray_changes"] = [change_to_dict(c) for c in self.changes]
+        return d
 
 
 def parse_header(text: str) -> FeedHeader:
@@ -64,14 +81,20 @@ def parse_header(text: str) -> FeedHeader:
     if not isinstance(d, dict) or d.get("flowpulse_feed") != FEED_VERSION:
         raise SpecError(f'feed line 1: not a feed header: it needs "flowpulse_feed": {FEED_VERSION}, "fabric" '
                         'and "spray"')
-    unknown = set(d) - {"flowpulse_feed", "fabric", "spray", "out_of_service"}
+    unknown = set(d) - {"flowpulse_feed", "fabric", "spray", "out_of_service", "spray_changes"}
     if unknown:
         raise SpecError(f"feed line 1: unknown field(s) {sorted(unknown)}")
     fabric = Fabric(FabricSpec.from_dict(d.get("fabric")))
     oos = d.get("out_of_service", [])
     if not isinstance(oos, list):
         raise SpecError("feed line 1: out_of_service must be a list of links")
-    return FeedHeader(fabric, SprayMode.parse(d.get("spray", "")), tuple(fabric.parse_link_list(oos)))
+    changes = d.get("spray_changes", [])
+    if not isinstance(changes, list) or len(changes) > 1000:
+        raise SpecError("feed line 1: spray_changes must be a list of at most 1000 spray changes")
+    parsed = tuple(change_from_untrusted(fabric, c, f"feed line 1: spray change {i + 1}") for i, c in enumerate(changes))
+    if any(b.epoch <= a.epoch for a, b in zip(parsed, parsed[1:])):
+        raise SpecError("feed line 1: spray_changes must be in the order they were made (epochs rising)")
+    return FeedHeader(fabric, SprayMode.parse(d.get("spray", "")), tuple(fabric.parse_link_list(oos)), parsed)
 
 
 def _counts(d: dict, key: str, shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -104,11 +127,17 @@ def parse_pulse(text: str, lineno: int, fabric: Fabric) -> PulseCounts:
     times = [d.get(k, 0.0) for k in ("start_time", "end_time")]
     if any(not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) for t in times):
         raise SpecError(f"{where}: start_time and end_time are seconds (numbers)")
+    kt = [d.get(k, 0) for k in ("start_ns", "end_ns")]
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 2**63 for t in kt):
+        raise SpecError(f"{where}: start_ns and end_ns are the kernel's monotonic ns (whole numbers >= 0; 0 or "
+                        "absent: unknown)")
     ip = _counts(d, "ip", (nports, 2, nsrc), where)
     bad = _counts(d, "bad", (nports, 2), where)
     data = _counts(d, "data", (nports, 2, nsrc), where) if d.get("data") is not None else None
     dup = _counts(d, "dup", (nports, 2, 2), where) if d.get("dup") is not None else None
-    return PulseCounts(sw, pulse, ip, bad, start_time=float(times[0]), end_time=float(times[1]), data=data, dup=dup,
+    span = _counts(d, "span", (nports, nsrc, len(SPAN_FIELDS)), where) if d.get("span") is not None else None
+    return PulseCounts(sw, pulse, ip, bad, start_ns=kt[0], end_ns=kt[1], start_time=float(times[0]),
+                       end_time=float(times[1]), data=data, dup=dup, span=span,
                        merged=int(d.get("merged", 1)) if isinstance(d.get("merged", 1), int) else 1)
 
 

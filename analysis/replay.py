@@ -133,13 +133,8 @@ def run_as_feed(path: Path) -> Iterator[str]:
         raise SpecError(f"{path}: not a run directory (no report.json); --as-feed takes an experiment's run")
     report, fabric, changes = load_run(path)
     spec = report["spec"]
-    if changes:
-        # the feed's header carries the build's shares only (agent.feed.FeedHeader)
-        log.warning("%s: the run's %d spray changes (drains, canary weights) are not in a feed: its reader judges "
-                    "every pulse by the first shares; `flowpulse replay` of the directory applies them",
-                    path, len(changes))
     oos = tuple(fabric.parse_link_list(spec.get("out_of_service")))
-    header = FeedHeader(fabric, SprayMode.parse(spec["spray"]), oos)
+    header = FeedHeader(fabric, SprayMode.parse(spec["spray"]), oos, tuple(changes))
     return feed_lines(header, in_time_order(load_pulses(path / "pulses")))
 
 

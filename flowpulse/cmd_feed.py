@@ -42,7 +42,7 @@ def cmd_feed(args: argparse.Namespace) -> int:
     try:
         header, pulses = read_feed(stream)
         judge = Judge(header.fabric, cfg, header.spray, list(header.out_of_service),
-                      header.fabric.parse_link_list(args.degraded))
+                      header.fabric.parse_link_list(args.degraded), changes=list(header.changes))
         files = {k: (open(p, "a", encoding="utf-8") if p else None)
                  for k, p in (("alert", args.alerts), ("incident", args.incidents))}
         counts = {"alert": 0, "incident": 0}

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from netns_testbed.errors import StateError
+from netns_testbed.errors import SpecError, StateError
 from netns_testbed.safefiles import write_atomic
 from netns_testbed.topo import Fabric, Hook, Link, SprayChange, SprayMode, check_prefix, namespace
 
@@ -124,6 +124,42 @@ def change_to_dict(c: SprayChange) -> dict:
     return {"epoch": c.epoch, "action": c.action, "links": [l.name for l in c.links],
             "out_of_service": [l.name for l in c.out_of_service], "t0_ns": c.t0_ns, "t1_ns": c.t1_ns,
             "weights": dict(c.weights)}
+
+
+SPRAY_CHANGE_KEYS = ("epoch", "action", "links", "out_of_service", "t0_ns", "t1_ns", "weights")
+SPRAY_CHANGE_ACTIONS = ("drain", "restore", "weight")
+
+
+def change_from_untrusted(fabric: Fabric, d, where: str) -> SprayChange:
+    """A spray change from input this process did not write (a feed's header): every field checked,
+    :class:`SpecError` with one line naming ``where`` and the field otherwise. (A run's report is checked
+    against analysis/report.schema.json, which states the same shape.)"""
+    def bad(why: str) -> SpecError:
+        return SpecError(f"{where}: {why}")
+
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+    if not isinstance(d, dict) or set(d) != set(SPRAY_CHANGE_KEYS):
+        raise bad(f"a spray change is an object with exactly {', '.join(SPRAY_CHANGE_KEYS)}")
+    if not whole(d["epoch"]) or d["epoch"] < 1:
+        raise bad("'epoch' must be a whole number >= 1")
+    if d["action"] not in SPRAY_CHANGE_ACTIONS:
+        raise bad(f"'action' {d['action']!r}: one of {', '.join(SPRAY_CHANGE_ACTIONS)}")
+    for k in ("links", "out_of_service"):
+        if not isinstance(d[k], list) or len(d[k]) > 10000 or not all(isinstance(x, str) for x in d[k]):
+            raise bad(f"{k!r} must be a list of link names")
+    if not whole(d["t0_ns"]) or not (d["t1_ns"] is None or (whole(d["t1_ns"]) and d["t1_ns"] >= d["t0_ns"])):
+        raise bad("'t0_ns' must be a whole number of ns, 't1_ns' null or one not before it")
+    w = d["weights"]
+    if not isinstance(w, dict) or len(w) > 10000 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1000 for v in w.values()):
+        raise bad("'weights' must map uplinks to numbers in (0, 1000]")
+    try:
+        fabric.links_named(w)
+        return change_from_dict(fabric, d)
+    except SpecError as e:
+        raise bad(str(e)) from None
 
 
 def change_from_dict(fabric: Fabric, d: dict) -> SprayChange:

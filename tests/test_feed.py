@@ -56,6 +56,8 @@ def test_the_cli_reads_a_feed_on_stdin(tmp_path):
 
 
 HEADER = '{"flowpulse_feed": 1, "fabric": {"leaves": 2, "spines": 2, "hosts_per_leaf": 1}, "spray": "rrdst"}'
+CHANGE = json.dumps({"epoch": 1, "action": "drain", "links": ["leaf0->spine1"], "out_of_service": ["leaf0->spine1"],
+                     "t0_ns": 10, "t1_ns": 20, "weights": {"leaf1->spine0": 0.25}})
 GOOD = json.dumps({"switch": "spine0", "pulse": 3, "ip": [[[0, 5, 0, 0], [0, 0, 5, 0]]] * 2, "bad": [[0, 0]] * 2})
 
 
@@ -71,6 +73,16 @@ GOOD = json.dumps({"switch": "spine0", "pulse": 3, "ip": [[[0, 5, 0, 0], [0, 0, 
     (HEADER + "\n" + json.dumps({"switch": "spine0", "pulse": 1, "ip": [[[0, 5, 0]]], "bad": [[0, 0]] * 2}) + "\n",
      "feed line 2: 'ip' has shape [1, 1, 3], this switch needs [2, 2, 4]"),
     (HEADER + "\n" + GOOD.replace("5", "-5", 1) + "\n", "feed line 2: 'ip' holds a count that is not a whole number"),
+    (HEADER + "\n" + GOOD.replace('"pulse": 3', '"pulse": 3, "end_ns": -1') + "\n", "feed line 2: start_ns and end_ns"),
+    (HEADER + "\n" + GOOD.replace('"pulse": 3', '"pulse": 3, "span": [[[1, 2, 3]]]') + "\n", "feed line 2: 'span' has shape"),
+    (HEADER[:-1] + ', "spray_changes": {}}\n', "spray_changes must be a list"),
+    (HEADER[:-1] + ', "spray_changes": [{"epoch": 1}]}\n', "feed line 1: spray change 1: a spray change is an object"),
+    (HEADER[:-1] + ', "spray_changes": [' + CHANGE.replace('"drain"', '"flip"') + ']}\n', "'action' 'flip'"),
+    (HEADER[:-1] + ', "spray_changes": [' + CHANGE.replace('leaf0->spine1"]', 'leaf9->spine1"]', 1) + ']}\n', "leaf9"),
+    (HEADER[:-1] + ', "spray_changes": [' + CHANGE.replace('"t1_ns": 20', '"t1_ns": 5') + ']}\n', "'t1_ns'"),
+    (HEADER[:-1] + ', "spray_changes": [' + CHANGE.replace('0.25', '-1') + ']}\n', "'weights'"),
+    (HEADER[:-1] + ', "spray_changes": [' + CHANGE + ', ' + CHANGE + ']}\n', "epochs rising"),
+    (HEADER[:-1] + ', "spray_changes": [' + CHANGE + ']}\n' + GOOD + "\n", None),
 ])
 def test_a_bad_feed_stops_with_one_line_and_exit_2(feed, problem):
     out = flowpulse("feed", "-", stdin=feed)
@@ -172,15 +184,23 @@ def test_a_runs_malformed_spray_change_stops_the_replay_with_one_line(tmp_path, 
     assert problem in str(e.value) and "\n" not in str(e.value), e.value
 
 
-def test_a_mitigated_run_as_a_feed_says_its_spray_changes_stay_behind(caplog):
-    """A feed's header has the build's shares only: the reader would judge the canary's pulses as a loss."""
-    from analysis.replay import run_as_feed
+def test_a_mitigated_run_fed_as_lines_carries_its_spray_changes_and_gives_the_replays_alerts():
+    """The feed's header carries the run's spray changes (the canary, the drain): a feed reader judges the
+    canary's pulses by the canary's shares, as the replay and the live agents did. Without them in the
+    header, the reader raises alerts the replay does not."""
+    run = RUNS / "mitigated-canary-then-drain"
+    lines = list(run_as_feed(run))
+    header, pulses = read_feed(lines)
+    assert [c.action for c in header.changes] == ["weight", "drain", "weight"]
+    rep = replay_dir(run, DetectorConfig())
 
-    with caplog.at_level("WARNING", logger="flowpulse.replay"):
-        lines = list(run_as_feed(RUNS / "mitigated-canary-then-drain"))
-    assert len(lines) > 1
-    assert any("3 spray changes" in r.getMessage() for r in caplog.records), caplog.records
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="flowpulse.replay"):
-        list(run_as_feed(RUNS / "span-drop-0.5pct-spine0-leaf1"))
-    assert not caplog.records
+    def judged(changes) -> list[dict]:
+        judge = Judge(header.fabric, DetectorConfig(), header.spray, list(header.out_of_service), changes=changes)
+        return [e for pc in read_feed(lines)[1] for e in judge.observe(pc)[0]]
+
+    assert [key(e) for e in judged(list(header.changes))] == [key(e) for e in rep["events"]]
+    assert [key(e) for e in judged([])] != [key(e) for e in rep["events"]]
+    out = flowpulse("feed", "-", "--json", stdin="\n".join(lines) + "\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    alerts = [json.loads(l) for l in out.stdout.splitlines() if json.loads(l)["type"] == "alert"]
+    assert [key(e) for e in alerts] == [key(e) for e in rep["events"]]
