@@ -13,8 +13,13 @@ Per case and run it prints when the first relevant alert came, the iterations fr
 incident naming the link (0: named before the next iteration began; 1: within one iteration of
 detection), whether a healthy link was named and the false alerts. ``--runs N`` repeats each case.
 
+``--mitigate`` runs the agents with the closed loop's default policy (agent.mitigation): it also
+prints the links left drained at the end (only the faulty one is right) and the drains, canaries and
+restores the policy made; a false alert raised by one of its own spray changes counts as false.
+
     sudo .venv/bin/python bench/localize_live.py
     sudo .venv/bin/python bench/localize_live.py --cases 8x8x1 --runs 3
+    sudo .venv/bin/python bench/localize_live.py --cases before churn --mitigate
 
 Runtime: about 3 minutes for one run of the three cases on 2 CPUs.
 """
@@ -35,11 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, make_tracker, run_agents  # noqa: E402
 from agent.detector import DetectorConfig  # noqa: E402
 from agent.incidents import summarize  # noqa: E402
+from agent.mitigation import Mitigator, TestbedActuator  # noqa: E402
 from analysis.experiment import report_alerts  # noqa: E402
 from analysis.scoring import detection_summary  # noqa: E402
 from netns_testbed import builder, faults as fault_ops  # noqa: E402
 from netns_testbed.builder import UpOptions  # noqa: E402
 from netns_testbed.faults import parse_fault  # noqa: E402
+from netns_testbed.state import Testbed  # noqa: E402
 from netns_testbed.topo import FabricSpec, SprayMode  # noqa: E402
 from workload.launcher import JobSpec, run_job  # noqa: E402
 
@@ -63,7 +70,7 @@ def wait_iteration(progress: Path, k: int, timeout: float = 120.0) -> None:
     raise TimeoutError(f"iteration {k} did not end within {timeout} s")
 
 
-def run_case(case: str, out: Path) -> dict:
+def run_case(case: str, out: Path, mitigate: bool = False) -> dict:
     shape = FabricSpec(leaves=8, spines=8, hosts_per_leaf=1) if case == "8x8x1" else \
         FabricSpec(leaves=4, spines=4, hosts_per_leaf=2)
     # the fault goes on in the idle gap after iteration ``at`` of the last job (None: before the agents start)
@@ -73,6 +80,7 @@ def run_case(case: str, out: Path) -> dict:
     stop = threading.Event()
     alerts_sink, inc_sink = JsonLinesSink(out / "alerts.jsonl"), JsonLinesSink(out / "incidents.jsonl")
     applied: dict[str, float] = {}
+    drained_at_end: list[str] = []
     try:
         fault = parse_fault(tb.fabric, f"{link}:drop=0.01")
         if at is None:
@@ -80,8 +88,10 @@ def run_case(case: str, out: Path) -> dict:
             applied[link] = time.time()
         agents = [SwitchAgent.on_testbed(tb, sw, AgentOptions(cfg=DetectorConfig()), sinks=[alerts_sink])
                   for sw in tb.fabric.switches]
+        mitigator = Mitigator(tb.fabric, TestbedActuator(tb.prefix)) if mitigate else None
         th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
-                              kwargs={"tracker": make_tracker(agents), "incident_sinks": [inc_sink]})
+                              kwargs={"tracker": make_tracker(agents), "incident_sinks": [inc_sink],
+                                      "mitigator": mitigator})
         th.start()
         if case == "churn":
             for k, job in enumerate([JobSpec("allreduce", 4 << 20, 10, 120), JobSpec("allgather", 2 << 20, 10, 120),
@@ -101,6 +111,9 @@ def run_case(case: str, out: Path) -> dict:
         t_job = time.time()
         job = run_job(tb, last, out / "last")
         time.sleep(0.5)
+        stop.set()
+        th.join(timeout=5)
+        drained_at_end = sorted(Testbed.load(tb.prefix).state.drained)
     finally:
         stop.set()
         for a in agents:
@@ -109,7 +122,9 @@ def run_case(case: str, out: Path) -> dict:
         inc_sink.close()
         builder.down(PREFIX)
     events = [json.loads(l) for l in (out / "alerts.jsonl").read_text().splitlines() if l.strip()]
-    incs = summarize([json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines() if l.strip()])
+    stream = [json.loads(l) for l in (out / "incidents.jsonl").read_text().splitlines() if l.strip()]
+    actions = [f"{e['action']} {e['link']}" for e in stream if e.get("event") == "mitigation"]
+    incs = summarize([e for e in stream if e.get("event") != "mitigation"])
     iterations = [{"index": it["index"], "start": it["start"], "end": it["end"]} for it in job.iterations]
     faults = [{"link": link, "kind": "drop", "rate": 0.01, "start": applied.get(link, t_job)}]
     det = detection_summary(faults, report_alerts(events), iterations, incs)
@@ -117,7 +132,8 @@ def run_case(case: str, out: Path) -> dict:
     return {"case": case, "link": link, "job_ok": job.ok, "detected": f["detected"],
             "iterations_to_detect": f.get("iterations_to_detect"), "named": f.get("localization_correct"),
             "iterations_detect_to_localize": f.get("iterations_detect_to_localize"),
-            "healthy_links_named": det["incidents_naming_healthy_links"], "false_alerts": det["false_positives"]}
+            "healthy_links_named": det["incidents_naming_healthy_links"], "false_alerts": det["false_positives"],
+            **({"drained_at_end": drained_at_end, "actions": actions} if mitigate else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="example: sudo .venv/bin/python bench/localize_live.py --cases before churn")
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     ap.add_argument("--runs", type=int, default=1, help="runs of each case (default 1)")
+    ap.add_argument("--mitigate", action="store_true",
+                    help="the agents drain what they name (the closed loop's default policy)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         print("localize_live: --runs takes a whole number from 1: e.g. --runs 3", file=sys.stderr)
@@ -139,18 +157,22 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="fp-bench-") as d:
                 t0 = time.time()
                 try:
-                    r = run_case(case, Path(d))
+                    r = run_case(case, Path(d), args.mitigate)
                 except Exception as e:  # one run's failure (a build, a job) is reported, the others still run
                     traceback.print_exc()
                     r = {"case": case, "link": "-", "iterations_to_detect": None, "named": None,
                          "iterations_detect_to_localize": f"error: {type(e).__name__}", "healthy_links_named": [],
-                         "false_alerts": 0}
+                         "false_alerts": 0, "drained_at_end": []}
                 rows.append(r)
                 print(f"[{time.time() - t0:4.0f}s] {case} run {i + 1}: {r}", file=sys.stderr)
-    print(f"{'case':8} {'link':15} {'detect':>6} {'named':>5} {'iters after detection':>22} {'healthy named':>13} {'false':>5}")
+    drained_col = f" {'drained at end':>16}" if args.mitigate else ""
+    print(f"{'case':8} {'link':15} {'detect':>6} {'named':>5} {'iters after detection':>22} {'healthy named':>13} "
+          f"{'false':>5}{drained_col}")
     for r in rows:
+        drained = f" {','.join(r['drained_at_end']) or '-':>16}" if args.mitigate else ""
         print(f"{r['case']:8} {r['link']:15} {str(r['iterations_to_detect']):>6} {str(r['named']):>5} "
-              f"{str(r['iterations_detect_to_localize']):>22} {len(r['healthy_links_named']):>13} {r['false_alerts']:>5}")
+              f"{str(r['iterations_detect_to_localize']):>22} {len(r['healthy_links_named']):>13} "
+              f"{r['false_alerts']:>5}{drained}")
     return 0
 
 
