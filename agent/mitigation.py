@@ -6,13 +6,16 @@ The policy, per incident event (agent.incidents):
   drained now (netns_testbed.drain: no leaf sprays over it).
 * A ``localizing`` incident (a leaf's deficit on uplink K from source leaf A: ``leafA->spineK`` or
   ``spineK->leafM``): the suspect uplink ``leafA->spineK`` keeps only a canary share (its weight cut to
-  :data:`CANARY_WEIGHT`: leaf A sends about a twelfth of its usual share that way instead of a
-  quarter). Draining both candidates would stop the loss and the evidence with it: in a ring
+  the policy's ``canary_weight``, :data:`CANARY_WEIGHT` unless told: leaf A sends about a twelfth of its
+  usual share that way instead of a quarter; 1 keeps the full share, no canary). Draining both candidates would stop the loss and the evidence with it: in a ring
   collective only leaf A's flows to leaf M cross both links, and the owners' verdicts need two pulses of
   them (agent.detector.verdict.settle), so a drained pair stays undecided for good (live: a 2% drop
   on ``leaf2->spine1``, both candidates drained at the incident's open, "waiting for spine1's verdict"
   to the end of the run with one pulse of evidence). With the canary, the same detectors judge the
-  suspect path at the reduced share and the verdict comes, a few pulses later at low rates.
+  suspect path at the reduced share and the verdict comes, a few pulses later at low rates: the owner
+  judges fewer of the suspect's packets, so when the suspect is the lossy link its verdict needs about
+  1/share as many pulses (docs/concepts/closed-loop.md has the figures). A larger weight names sooner
+  and shields the job less.
 * ``localized`` with a ``previous_id``: the named link is drained, and the canary of the localizing
   incident goes back to its full weight if the named link is the other candidate (it was innocent).
 * ``resolved`` while still ``localizing``: the evidence went away before a link was named (a
@@ -45,22 +48,30 @@ from netns_testbed.topo import Fabric, Link, node_kind
 log = logging.getLogger("flowpulse.agent.mitigation")
 
 
+CANARY_WEIGHT = 0.25    # a suspect uplink's weight while its incident is localizing (1: its full share)
+
+
 @dataclass(frozen=True)
 class MitigationPolicy:
     max_per_switch: int = 2     # a localizing incident's two candidates share their spine
     min_spines: int = 1         # every leaf keeps at least this many spines towards every other leaf
+    canary_weight: float = CANARY_WEIGHT   # the suspect uplink's weight while localizing; 1: no canary
 
     def validate(self) -> "MitigationPolicy":
+        import math
+
         from netns_testbed.errors import SpecError
 
         if not 1 <= self.max_per_switch <= 64:
             raise SpecError(f"--max-drained-per-switch {self.max_per_switch}: between 1 and 64")
         if not 1 <= self.min_spines <= 64:
             raise SpecError(f"--min-spines {self.min_spines}: between 1 and 64")
+        w = self.canary_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not 0.01 <= w <= 1:
+            shown = f"{w:g}" if isinstance(w, (int, float)) and not isinstance(w, bool) else repr(w)
+            raise SpecError(f"--canary-weight {shown}: a number from 0.01 to 1 (1 keeps the suspect's full share; "
+                            f"default {CANARY_WEIGHT:g})")
         return self
-
-
-CANARY_WEIGHT = 0.25    # a suspect uplink's weight while its incident is localizing (1: its full share)
 
 
 class Actuator(Protocol):
@@ -156,8 +167,9 @@ class Mitigator:
         cands = [self.fabric.parse_link(c) for c in inc.get("candidates") or []]
         ups = [c for c in cands if node_kind(c.src) == "leaf" and node_kind(c.dst) == "spine"]
         downs = [c for c in cands if node_kind(c.src) == "spine"]
-        if len(ups) == 1 and len(downs) == 1 and ups[0].name not in self.canaries:
-            out += self._canary(ups[0], iid, f"a candidate of incident {iid}: {CANARY_WEIGHT:g} of its share "
+        w = self.policy.canary_weight
+        if len(ups) == 1 and len(downs) == 1 and ups[0].name not in self.canaries and w < 1:
+            out += self._canary(ups[0], iid, f"a candidate of incident {iid}: {w:g} of its share "
                                              f"while the owners' verdicts come in")
         return out
 
@@ -171,7 +183,7 @@ class Mitigator:
 
     def _canary(self, link: Link, iid: str, why: str) -> list[dict]:
         try:
-            self.actuator.weigh(link, CANARY_WEIGHT)
+            self.actuator.weigh(link, self.policy.canary_weight)
         except UserError as e:
             return [self._event("refused", link.name, iid, f"canary: {e}")]
         self.canaries[link.name] = iid

@@ -209,13 +209,15 @@ def from_dict(data: dict, prefix: str = "fpx") -> ExperimentSpec:
         raise SpecError(f"bad fault_backend {backend_text!r}: choose {' or '.join(b.value for b in Backend)}")
     mit = data.get("mitigation")
     if mit is not None and not isinstance(mit, dict):
-        raise SpecError("mitigation must be a mapping ({} for the defaults, or max_per_switch:, min_spines:) or absent")
+        raise SpecError("mitigation must be a mapping ({} for the defaults, or max_per_switch:, min_spines:, "
+                        "canary_weight:) or absent")
     policy = None
     if mit is not None:
-        bad = set(mit) - {"max_per_switch", "min_spines"}
+        kinds = {"max_per_switch": int, "min_spines": int, "canary_weight": float}
+        bad = set(mit) - set(kinds)
         if bad:
-            raise SpecError(f"unknown mitigation field(s) {sorted(bad)}: allowed are ['max_per_switch', 'min_spines']")
-        policy = MitigationPolicy(**{k: typed(v, int, f"mitigation.{k}") for k, v in mit.items()})
+            raise SpecError(f"unknown mitigation field(s) {sorted(bad)}: allowed are {sorted(kinds)}")
+        policy = MitigationPolicy(**{k: typed(v, kinds[k], f"mitigation.{k}") for k, v in mit.items()})
     spec = ExperimentSpec(fabric=fabric, spray=spray, gap_ms=gap_ms, job=job, out_of_service=list(oos), detector=det,
                           seed=seed, prefix=typed(data.get("prefix", prefix), str, "prefix"),
                           fault_backend=Backend(backend_text), mitigation=policy)

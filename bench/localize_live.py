@@ -20,6 +20,7 @@ restores the policy made; a false alert raised by one of its own spray changes c
     sudo .venv/bin/python bench/localize_live.py
     sudo .venv/bin/python bench/localize_live.py --cases 8x8x1 --runs 3
     sudo .venv/bin/python bench/localize_live.py --cases before churn --mitigate
+    sudo .venv/bin/python bench/localize_live.py --cases churn 8x8x1 --mitigate --canary-weight 0.5
 
 Runtime: about 3 minutes for one run of the three cases on 2 CPUs.
 """
@@ -40,11 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.daemon import AgentOptions, JsonLinesSink, SwitchAgent, make_tracker, run_agents  # noqa: E402
 from agent.detector import DetectorConfig  # noqa: E402
 from agent.incidents import summarize  # noqa: E402
-from agent.mitigation import Mitigator, TestbedActuator  # noqa: E402
+from agent.mitigation import CANARY_WEIGHT, MitigationPolicy, Mitigator, TestbedActuator  # noqa: E402
 from analysis.experiment import report_alerts  # noqa: E402
 from analysis.scoring import detection_summary  # noqa: E402
 from netns_testbed import builder, faults as fault_ops  # noqa: E402
 from netns_testbed.builder import UpOptions  # noqa: E402
+from netns_testbed.errors import SpecError  # noqa: E402
 from netns_testbed.faults import parse_fault  # noqa: E402
 from netns_testbed.state import Testbed  # noqa: E402
 from netns_testbed.topo import FabricSpec, SprayMode  # noqa: E402
@@ -70,7 +72,7 @@ def wait_iteration(progress: Path, k: int, timeout: float = 120.0) -> None:
     raise TimeoutError(f"iteration {k} did not end within {timeout} s")
 
 
-def run_case(case: str, out: Path, mitigate: bool = False) -> dict:
+def run_case(case: str, out: Path, policy: MitigationPolicy | None = None) -> dict:
     shape = FabricSpec(leaves=8, spines=8, hosts_per_leaf=1) if case == "8x8x1" else \
         FabricSpec(leaves=4, spines=4, hosts_per_leaf=2)
     # the fault goes on in the idle gap after iteration ``at`` of the last job (None: before the agents start)
@@ -88,7 +90,7 @@ def run_case(case: str, out: Path, mitigate: bool = False) -> dict:
             applied[link] = time.time()
         agents = [SwitchAgent.on_testbed(tb, sw, AgentOptions(cfg=DetectorConfig()), sinks=[alerts_sink])
                   for sw in tb.fabric.switches]
-        mitigator = Mitigator(tb.fabric, TestbedActuator(tb.prefix)) if mitigate else None
+        mitigator = Mitigator(tb.fabric, TestbedActuator(tb.prefix), policy) if policy else None
         th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
                               kwargs={"tracker": make_tracker(agents), "incident_sinks": [inc_sink],
                                       "mitigator": mitigator})
@@ -133,7 +135,7 @@ def run_case(case: str, out: Path, mitigate: bool = False) -> dict:
             "iterations_to_detect": f.get("iterations_to_detect"), "named": f.get("localization_correct"),
             "iterations_detect_to_localize": f.get("iterations_detect_to_localize"),
             "healthy_links_named": det["incidents_naming_healthy_links"], "false_alerts": det["false_positives"],
-            **({"drained_at_end": drained_at_end, "actions": actions} if mitigate else {})}
+            **({"drained_at_end": drained_at_end, "actions": actions} if policy else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,9 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="runs of each case (default 1)")
     ap.add_argument("--mitigate", action="store_true",
                     help="the agents drain what they name (the closed loop's default policy)")
+    ap.add_argument("--canary-weight", type=float, default=CANARY_WEIGHT,
+                    help=f"with --mitigate: the suspect uplink's weight while localizing (default {CANARY_WEIGHT:g})")
     args = ap.parse_args(argv)
     if args.runs < 1:
         print("localize_live: --runs takes a whole number from 1: e.g. --runs 3", file=sys.stderr)
+        return 2
+    try:
+        policy = MitigationPolicy(canary_weight=args.canary_weight).validate() if args.mitigate else None
+    except SpecError as e:
+        print(f"localize_live: {e}", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("localize_live: builds namespaces and loads eBPF programs: run with sudo", file=sys.stderr)
@@ -157,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="fp-bench-") as d:
                 t0 = time.time()
                 try:
-                    r = run_case(case, Path(d), args.mitigate)
+                    r = run_case(case, Path(d), policy)
                 except Exception as e:  # one run's failure (a build, a job) is reported, the others still run
                     traceback.print_exc()
                     r = {"case": case, "link": "-", "iterations_to_detect": None, "named": None,

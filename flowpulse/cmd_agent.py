@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from agent.detector.config import DetectorConfig, Model
+from agent.mitigation import CANARY_WEIGHT
 from agent.privileges import SITE_AGENT_EBPF, SITE_AGENT_NETLINK, TESTBED_AGENT
 from flowpulse.argtypes import PER_SECOND, SECONDS, choice, number
 from flowpulse.cmdbase import Formatter, add_common
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                "  sudo flowpulse agent --all --live\n"
                "  sudo flowpulse agent --all --incidents incidents.jsonl --json\n"
                "  sudo flowpulse agent --all --mitigate --incidents incidents.jsonl --metrics-port 9580\n"
+               "  sudo flowpulse agent --all --mitigate --canary-weight 0.5    # name a lossy suspect sooner\n"
                "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --alerts /var/log/flowpulse/alerts.jsonl\n"
                "  sudo flowpulse agent --site /etc/flowpulse/site.yaml --metrics-port 9580 --metrics-addr 0.0.0.0 \\\n"
                "      --web-config /etc/flowpulse/web.yml     # TLS and basic auth, as node_exporter's\n"
@@ -77,6 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --mitigate: links drained by the policy that may touch one switch")
     p.add_argument("--min-spines", type=int, default=1,
                    help="with --mitigate: spines every leaf keeps towards every other leaf, whatever is drained")
+    p.add_argument("--canary-weight", type=number(0.01, 1), default=CANARY_WEIGHT, metavar="W",
+                   help="with --mitigate: a suspect uplink's spray weight while its incident is localizing, 0.01-1 "
+                        "(1: no canary; larger names a lossy suspect sooner and shields the job less)")
     p.add_argument("--live", action="store_true", help="full-screen live view in the terminal")
     p.add_argument("--duration", type=SECONDS, default=None, help="stop after this many seconds")
     p.add_argument("--poll-ms", type=number(1, 1000), default=10.0,
@@ -149,7 +154,7 @@ def check_agent_args(args: argparse.Namespace) -> None:
     if args.mitigate:
         from agent.mitigation import MitigationPolicy
 
-        MitigationPolicy(args.max_drained_per_switch, args.min_spines).validate()
+        MitigationPolicy(args.max_drained_per_switch, args.min_spines, args.canary_weight).validate()
 
 
 def load_site_args(args: argparse.Namespace):
@@ -267,7 +272,7 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
         from agent.mitigation import MitigationPolicy, Mitigator, TestbedActuator
 
         mitigator = Mitigator(agents[0].dep.fabric, TestbedActuator(args.prefix),
-                              MitigationPolicy(args.max_drained_per_switch, args.min_spines))
+                              MitigationPolicy(args.max_drained_per_switch, args.min_spines, args.canary_weight))
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
     pidfile = None
     if piddir is not None:

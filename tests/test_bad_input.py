@@ -26,6 +26,8 @@ YAML = {
     "detectorlist.yaml": "detector: [analytic]\n",
     "nangap.yaml": "gap_ms: .nan\n",
     "infweight.yaml": "mitigation: {max_per_switch: .inf}\n",
+    "canary.yaml": "mitigation: {canary_weight: 0}\n",
+    "canarystr.yaml": "mitigation: {canary_weight: half}\n",
     "nanstart.yaml": "faults: ['leaf0->spine1:drop=0.01@t=nan']\n",
 }
 
@@ -55,6 +57,8 @@ CASES = [   # (argv, exit code, a word of the message)
     (["agent", "--all", "--poll-ms", "nan"], 2, "--poll-ms: 'nan' is not a finite number"),
     (["agent", "--switch", "leaf1", "--mitigate"], 2, "--mitigate goes with --all"),
     (["agent", "--all", "--mitigate", "--min-spines", "0"], 2, "--min-spines 0"),
+    (["agent", "--all", "--mitigate", "--canary-weight", "0"], 2, "--canary-weight: 0 is out of range"),
+    (["agent", "--all", "--mitigate", "--canary-weight", "1.5"], 2, "--canary-weight: 1.5 is out of range"),
     (["fabric", "drain", "--prefix", P, "leaf0->spine1"], 4, "no testbed"),
     (["fabric", "drain", "--prefix", P, "leaf0-spine1"], 2, "bad link 'leaf0-spine1'"),
     (["fabric", "restore", "--prefix", P], 2, "give --all"),
@@ -86,6 +90,8 @@ CASES = [   # (argv, exit code, a word of the message)
     (["experiment", "--out", "{tmp}/run", "--spec", "{tmp}/detectorlist.yaml"], 2, "detector: ['analytic'] is not of"),
     (["experiment", "--out", "{tmp}/run", "--spec", "{tmp}/nangap.yaml"], 2, "gap_ms: not a finite number"),
     (["experiment", "--out", "{tmp}/run", "--spec", "{tmp}/infweight.yaml"], 2, "max_per_switch: not a finite"),
+    (["experiment", "--out", "{tmp}/run", "--spec", "{tmp}/canary.yaml"], 2, "--canary-weight 0: a number from 0.01 to 1"),
+    (["experiment", "--out", "{tmp}/run", "--spec", "{tmp}/canarystr.yaml"], 2, "mitigation.canary_weight"),
     (["experiment", "--out", "{tmp}/run", "--spec", "{tmp}/nanstart.yaml"], 2, "bad fault start 't=nan'"),
     (["experiment", "--out", "{tmp}/run", "--fa-per-day", "-1"], 2, "--fa-per-day: -1 is out of range"),
     (["experiment", "--out", "{tmp}/run", "--size", "1"], 2, "bad size 1"),

@@ -142,7 +142,7 @@ GOOD_SPEC = {"fabric": {"leaves": 2, "spines": 2, "hosts_per_leaf": 2}, "spray":
              "workload": {"kind": "allreduce", "size": "1MiB", "iterations": 10, "idle_ms": 100},
              "out_of_service": ["leaf0<->spine1"], "faults": ["leaf1->spine0:drop=0.01@iter=3"],
              "detector": {"fa_per_day": 1, "magnitudes": [0.01, 0.02]}, "seed": 3,
-             "mitigation": {"max_per_switch": 1}}
+             "mitigation": {"max_per_switch": 1, "canary_weight": 0.5}}
 
 
 @FUZZ

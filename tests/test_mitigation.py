@@ -125,3 +125,35 @@ def test_policy_bounds():
         MitigationPolicy(max_per_switch=0).validate()
     with pytest.raises(SpecError):
         MitigationPolicy(min_spines=0).validate()
+    for w in (0, 0.001, 1.5, float("nan"), float("inf"), True, "0.5"):
+        with pytest.raises(SpecError, match="--canary-weight"):
+            MitigationPolicy(canary_weight=w).validate()
+
+
+@pytest.mark.parametrize("weight", [0.5, 0.01])
+def test_the_canary_takes_the_policys_weight(weight):
+    fab = FakeFabric(FABRIC)
+    m = Mitigator(FABRIC, fab, MitigationPolicy(canary_weight=weight))
+    ev = m.on_incident(inc("open", "leaf0->spine1|spine1->leaf2", None, ["spine1->leaf2", "leaf0->spine1"]))
+    assert actions(ev) == [("canary", "leaf0->spine1")] and f"{weight:g} of its share" in ev[0]["reason"]
+    assert fab.weights == {"leaf0->spine1": weight}
+
+
+def test_a_canary_weight_of_one_leaves_the_suspect_alone_and_still_drains_the_named_link():
+    fab = FakeFabric(FABRIC)
+    m = Mitigator(FABRIC, fab, MitigationPolicy(canary_weight=1))
+    lid = "leaf0->spine1|spine1->leaf2"
+    assert m.on_incident(inc("open", lid, None, ["spine1->leaf2", "leaf0->spine1"])) == []
+    assert fab.calls == []
+    assert actions(m.on_incident(inc("localized", "spine1->leaf2", "spine1->leaf2", previous_id=lid))) == \
+        [("drain", "spine1->leaf2")]
+    assert fab.out == {"spine1->leaf2"} and fab.weights == {}
+
+
+def test_a_specs_canary_weight_reaches_the_policy():
+    from analysis.spec import from_dict
+
+    spec = from_dict({"mitigation": {"canary_weight": "0.5", "max_per_switch": 1}})
+    assert spec.mitigation == MitigationPolicy(max_per_switch=1, canary_weight=0.5)
+    assert spec.to_dict()["mitigation"]["canary_weight"] == 0.5          # the run's spec.json keeps it
+    assert from_dict({"mitigation": {}}).mitigation.canary_weight == CANARY_WEIGHT
