@@ -7,7 +7,8 @@ The policy, per incident event (agent.incidents):
 * A ``localizing`` incident (a leaf's deficit on uplink K from source leaf A: ``leafA->spineK`` or
   ``spineK->leafM``): the suspect uplink ``leafA->spineK`` keeps only a canary share (its weight cut to
   the policy's ``canary_weight``, :data:`CANARY_WEIGHT` unless told: leaf A sends about a twelfth of its
-  usual share that way instead of a quarter; 1 keeps the full share, no canary). Draining both candidates would stop the loss and the evidence with it: in a ring
+  usual share that way instead of a quarter; 1 keeps the full share, no canary). Draining both
+  candidates would stop the loss and the evidence with it: in a ring
   collective only leaf A's flows to leaf M cross both links, and the owners' verdicts need two pulses of
   them (agent.detector.verdict.settle), so a drained pair stays undecided for good (live: a 2% drop
   on ``leaf2->spine1``, both candidates drained at the incident's open, "waiting for spine1's verdict"

@@ -13,7 +13,8 @@ Per case and run it prints when the first relevant alert came, the iterations fr
 incident naming the link (0: named before the next iteration began; 1: within one iteration of
 detection), whether a healthy link was named and the false alerts. ``--runs N`` repeats each case.
 
-``--mitigate`` runs the agents with the closed loop's default policy (agent.mitigation): it also
+``--mitigate`` runs the agents with the closed loop's policy (agent.mitigation; ``--canary-weight``
+sets the suspect uplink's share while an incident is localizing, 0.25 unless told): it also
 prints the links left drained at the end (only the faulty one is right) and the drains, canaries and
 restores the policy made; a false alert raised by one of its own spray changes counts as false.
 
