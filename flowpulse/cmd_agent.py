@@ -151,10 +151,13 @@ def check_agent_args(args: argparse.Namespace) -> None:
     if args.mitigate and not args.all:
         raise SpecError("--mitigate goes with --all on a testbed (one process sees every incident); on a real "
                         "fabric route the FlowPulseLinkDrained alert to your routing (flowpulse nexthop-hook)")
+    args.mitigation_policy = None     # parsed once here; serve_agents hands it to the Mitigator
     if args.mitigate:
         from agent.mitigation import MitigationPolicy
 
-        MitigationPolicy(args.max_drained_per_switch, args.min_spines, args.canary_weight).validate()
+        args.mitigation_policy = MitigationPolicy(max_per_switch=args.max_drained_per_switch,
+                                                  min_spines=args.min_spines,
+                                                  canary_weight=args.canary_weight).validate()
 
 
 def load_site_args(args: argparse.Namespace):
@@ -268,11 +271,11 @@ def serve_agents(args: argparse.Namespace, agents, sink, where: str, piddir: Pat
 
     tracker = make_tracker(agents, reporter=f"agent-{os.getpid()}")
     mitigator = None
-    if getattr(args, "mitigate", False):
-        from agent.mitigation import MitigationPolicy, Mitigator, TestbedActuator
+    policy = getattr(args, "mitigation_policy", None)
+    if policy is not None:
+        from agent.mitigation import Mitigator, TestbedActuator
 
-        mitigator = Mitigator(agents[0].dep.fabric, TestbedActuator(args.prefix),
-                              MitigationPolicy(args.max_drained_per_switch, args.min_spines, args.canary_weight))
+        mitigator = Mitigator(agents[0].dep.fabric, TestbedActuator(args.prefix), policy)
     inc_sink = JsonLinesSink(args.incidents, stdout=args.json)
     pidfile = None
     if piddir is not None:
