@@ -21,7 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 from agent.daemon import SwitchAgent
 from agent.detector.alerts import AlertKind
 from agent.incidents import IncidentTracker
-from agent.mitigation import CANARY_WEIGHT, Mitigator
+from agent.mitigation import Mitigator
 from netns_testbed.untrusted import REFUSED
 
 if TYPE_CHECKING:
@@ -118,12 +118,12 @@ class AgentCollector:
             acts.add_metric([action], m.actions[action])
         drained = GaugeMetricFamily("flowpulse_link_drained", "1 per link the mitigation drained (until an operator "
                                     "restores it)", labels=["link", "incident"])
-        for link, iid in sorted(m.mine.items()):
+        for link, iid in sorted(m.drained().items()):
             drained.add_metric([link, iid], 1)
         canary = GaugeMetricFamily("flowpulse_link_canary_weight", "Weight of an uplink held at a canary share while "
                                    "its incident is localizing", labels=["link", "incident"])
-        for link, iid in sorted(m.canaries.items()):
-            canary.add_metric([link, iid], CANARY_WEIGHT)
+        for link, (iid, weight) in sorted(m.canary_weights().items()):
+            canary.add_metric([link, iid], weight)
         return [acts, drained, canary]
 
     def _agent(self, a, pulses, warming, thresh, noise, resync, busy, alerts, pkts, score, active, rate) -> None:

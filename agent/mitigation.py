@@ -227,5 +227,14 @@ class Mitigator:
                 "time": time.time()}
 
     def drained(self) -> dict[str, str]:
+        """The links the policy drained that are still drained, each with its incident. A link an operator
+        restored since is dropped here at once (not at the incident's next event): the
+        ``flowpulse_link_drained`` series and the drain alert built on it end with the restore."""
         with self.lock:
+            self._forget_restored()
             return dict(self.mine)
+
+    def canary_weights(self) -> dict[str, tuple[str, float]]:
+        """Each uplink held at a canary share: its incident and the weight it carries (the policy's)."""
+        with self.lock:
+            return {link: (iid, self.policy.canary_weight) for link, iid in self.canaries.items()}

@@ -157,3 +157,28 @@ def test_a_specs_canary_weight_reaches_the_policy():
     assert spec.mitigation == MitigationPolicy(max_per_switch=1, canary_weight=0.5)
     assert spec.to_dict()["mitigation"]["canary_weight"] == 0.5          # the run's spec.json keeps it
     assert from_dict({"mitigation": {}}).mitigation.canary_weight == CANARY_WEIGHT
+
+
+def test_the_exported_series_follow_the_policys_weight_and_an_operators_restore():
+    """flowpulse_link_canary_weight carries the weight the policy set (not the default), and
+    flowpulse_link_drained ends with an operator's restore, before any further incident event (the
+    drain alert built on it resolves then)."""
+    from agent.incidents import IncidentTracker
+    from agent.metrics import AgentCollector
+
+    def series(m: Mitigator) -> dict[str, list[tuple[dict, float]]]:
+        fams = AgentCollector([], IncidentTracker(FABRIC, None), m).collect()
+        return {f.name: [(s.labels, s.value) for s in f.samples] for f in fams
+                if f.name in ("flowpulse_link_drained", "flowpulse_link_canary_weight")}
+
+    fab = FakeFabric(FABRIC)
+    m = Mitigator(FABRIC, fab, MitigationPolicy(canary_weight=0.5))
+    lid = "leaf0->spine1|spine1->leaf2"
+    m.on_incident(inc("open", lid, None, ["spine1->leaf2", "leaf0->spine1"]))
+    assert series(m)["flowpulse_link_canary_weight"] == [({"link": "leaf0->spine1", "incident": lid}, 0.5)]
+    m.on_incident(inc("localized", "leaf0->spine1", "leaf0->spine1", previous_id=lid))
+    got = series(m)
+    assert got["flowpulse_link_drained"] == [({"link": "leaf0->spine1", "incident": "leaf0->spine1"}, 1)]
+    assert got["flowpulse_link_canary_weight"] == []
+    fab.out.clear()                                            # `flowpulse fabric restore leaf0->spine1`
+    assert series(m)["flowpulse_link_drained"] == []
