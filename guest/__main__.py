@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus", type=int, default=2, help="guest CPUs (emulated; default 2)")
     p.add_argument("--mem", type=int, default=3072, help="guest memory in MiB (default 3072)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the guest is killed (default 1800)")
-    p.add_argument("--keep", type=Path, help="copy the guest's pytest, run and console logs to this directory")
+    p.add_argument("--keep", type=Path, help="copy the guest's pytest, run and console logs to this directory "
+                   "(and, when pytest failed, its test directories: pytest-tmp/)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help=f"default: {' '.join(DEFAULT_TESTS)}")
     args = p.parse_args(argv)

@@ -65,7 +65,10 @@ export FLOWPULSE_SLOWDOWN=$(%(python)s -m netns_testbed.slowdown --against %(hos
 echo "guest: ${FLOWPULSE_SLOWDOWN}x slower than the host (FLOWPULSE_SLOWDOWN)"
 start=$(date +%%s)
 %(python)s -m pytest -q -p no:cacheprovider "${args[@]}" > $R/pytest.log 2>&1
-echo $? > $R/rc
+rc=$?
+# a failed run's test directories (job and rank logs, recorded pulses) live in this tmpfs: keep them
+[ $rc -ne 0 ] && [ -d /run/tmp/pytest-of-root ] && cp -a /run/tmp/pytest-of-root $R/pytest-tmp
+echo $rc > $R/rc
 echo "guest: pytest took $(( $(date +%%s) - start )) s"
 sync
 echo o > /proc/sysrq-trigger
@@ -178,6 +181,9 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
             keep.mkdir(parents=True, exist_ok=True)
             for name, text in (("pytest.log", pytest_log), ("guest.log", guest_log), ("console.log", console_text)):
                 (keep / name).write_text(text)
+            if (share / "pytest-tmp").is_dir():      # a failed run's test directories (run.sh copied them)
+                shutil.rmtree(keep / "pytest-tmp", ignore_errors=True)
+                shutil.copytree(share / "pytest-tmp", keep / "pytest-tmp", symlinks=True)
         return GuestResult(rc, summary, took, pytest_log, guest_log, console_text)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -92,7 +92,9 @@ def test_qemu_argv_shares_root_read_only_and_has_no_network(tmp_path, monkeypatc
 def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
     text = vm.run_script("/k", "/r", "/r/.venv/bin/python", 0.05)
     assert 'mapfile -t args < $R/pytest.args' in text and '"${args[@]}"' in text
-    assert "echo $? > $R/rc" in text
+    assert "rc=$?" in text and "echo $rc > $R/rc" in text
+    # a failed run's test directories (in the guest's tmpfs) are copied to the share before power-off
+    assert text.index("cp -a /run/tmp/pytest-of-root $R/pytest-tmp") < text.index("echo $rc > $R/rc")
     # the guest's pace against the host's, exported before pytest starts
     slow = text.index("export FLOWPULSE_SLOWDOWN=$(/r/.venv/bin/python -m netns_testbed.slowdown --against 0.0500)")
     assert slow < text.index("-m pytest")
