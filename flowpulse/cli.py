@@ -6,6 +6,7 @@ Logs and progress go to stderr; results to stdout (``--json`` for machines).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -55,16 +56,24 @@ def _terminate(signum, frame) -> None:
 _MAIN_PID = os.getpid()
 
 
-def main(argv: list[str] | None = None) -> int:
+@contextlib.contextmanager
+def unwinding_signals():
+    """SIGTERM and SIGHUP unwind the calling process like Ctrl-C (:class:`Terminated`) while inside, so
+    its clean-up runs; the caller's handlers come back at the end. The CLI and the benches use it."""
     global _MAIN_PID
     _MAIN_PID = os.getpid()
-    # the agent installs its own (a clean stop, exit 143); a caller's handlers come back at the end
     saved = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _main(argv)
+        yield
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the agent installs its own (a clean stop, exit 143)
+    with unwinding_signals():
+        return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:
