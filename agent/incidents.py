@@ -3,7 +3,9 @@
 What each switch decides alone, and what is fused from alerts:
 
 * A spine names ``leafA->spineK`` alone (its balance test: the link it owns).
-* Any switch names the link into a port alone when frames arrive damaged on it.
+* Any switch names the link into a port alone when frames arrive damaged on it. Those frames are
+  discarded there, so a loss that other switches see through that link joins the corruption's
+  incident (one fault, one incident) instead of waiting for an owner's verdict.
 * A leaf names ``spineK->leafM`` alone when deficits from two or more source
   leaves share uplink K (only the common link explains them).
 * A leaf sees a surplus of packets sent to host hN against its peer hosts:
@@ -327,6 +329,18 @@ class IncidentTracker:
             return self.decided[a.alert_id]
         if a.test is CheckKind.HOST:
             return self._host(a, cands)
+        damaged = self._corrupt(cands) if a.kind is AlertKind.LOSS else None
+        if damaged is not None:
+            # A frame damaged on a link is discarded where it arrives (the receiver checks its header or
+            # checksum): downstream it is missing, a loss through that link. A loss whose candidates include
+            # a link its receiver names corrupt is that corruption's, not a second fault, and stays with it
+            # (sticky) until it clears. Left to the owner's verdict, that verdict waited while the named
+            # link was drained, came after the operator had repaired and restored it, and the loss became a
+            # second incident that drained the repaired link again (bench/paging.py, live).
+            att = Attribution(damaged.link, [damaged.link],
+                              f"explained by the corruption {damaged.switch} names on {damaged.link}")
+            self.decided[a.alert_id] = att
+            return att
         ups = [self.fabric.parse_link(c) for c in cands if node_kind(self.fabric.parse_link(c).dst) == "spine"]
         downs = [c for c in cands if node_kind(self.fabric.parse_link(c).dst) != "spine"]
         if len(ups) != 1 or len(downs) != 1:
@@ -377,6 +391,10 @@ class IncidentTracker:
             return Attribution(None, cands, f"localizing: {why}", detail)
         self.decided[a.alert_id] = att
         return att
+
+    def _corrupt(self, cands: list[str]) -> Alert | None:
+        """An open corruption alert that names one of ``cands`` (its receiver's own damaged-frame test)."""
+        return next((x for x in self.alerts.values() if x.kind is AlertKind.CORRUPTION and x.link in cands), None)
 
     def _evidence(self, link: Link, since: float | Sequence[Span], loss: float,
                   toward: str | None = None) -> LinkEvidence | None:

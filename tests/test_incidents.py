@@ -566,3 +566,34 @@ def test_an_owner_file_of_another_format_gives_no_verdict(tmp_path, caplog):
         assert files.evidence("spine1", link, 0.0, 0.05) is None
     said = [r.getMessage() for r in caplog.records if "verdict file has format" in r.getMessage()]
     assert len(said) == 1 and f"reads {VERDICT_FORMAT}" in said[0], said
+
+
+@pytest.mark.parametrize("corruption_first", [False, True])
+def test_a_loss_through_a_link_named_corrupt_is_the_corruptions_incident(corruption_first):
+    """A corruption on leaf1->spine0: spine0 names the link from its damaged frames, and leaf0 misses the
+    frames spine0 discarded (a loss, ambiguous between leaf1->spine0 and spine0->leaf0). One fault, one
+    incident on leaf1->spine0, in either order of the alerts; it stays open, and names no other link,
+    until both clear, whichever clears first (live: the loss waited for spine0's verdict while the link
+    was drained, was localized after the repair and restore, and drained the repaired link again)."""
+    fab = Fabric(FabricSpec())
+    tr = IncidentTracker(fab, None)
+    loss = {"event": "alert", "alert_id": "leaf0/0/in/loss", "switch": "leaf0", "port": 0, "link": None,
+            "candidates": ["spine0->leaf0", "leaf1->spine0"], "kind": "loss", "estimated_rate": 0.009,
+            "evidence": {"rate_sd": 0.002}}
+    corrupt = {"event": "alert", "alert_id": "spine0/1/in/corruption", "switch": "spine0", "port": 1,
+               "link": "leaf1->spine0", "candidates": ["leaf1->spine0"], "kind": "corruption",
+               "estimated_rate": 0.009}
+    first, second = (corrupt, loss) if corruption_first else (loss, corrupt)
+    evs = tr.feed({**first, "time": 1.0, "onset_time": 1.0, "pulse_start": 1.0})
+    evs += tr.feed({**second, "time": 1.2, "onset_time": 1.0, "pulse_start": 1.1})
+    assert {i.incident_id for i in tr.open()} == {"leaf1->spine0"}, [(e["event"], e["incident_id"]) for e in evs]
+    inc = tr.open()[0]
+    assert set(inc.alerts) == {loss["alert_id"], corrupt["alert_id"]} and inc.kind == "corruption"
+    # the corruption clears first (the repair): the loss stays the same incident's, never a new one
+    evs = tr.feed({**corrupt, "event": "resolved", "time": 5.0, "pulse_start": 5.0})
+    evs += tr.feed({**loss, "time": 5.5, "onset_time": 1.0, "pulse_start": 5.4, "estimated_rate": 0.004})
+    assert [e["event"] for e in evs if e["event"] in ("open", "localized", "resolved")] == [], evs
+    assert [i.incident_id for i in tr.open()] == ["leaf1->spine0"]
+    evs = tr.feed({**loss, "event": "resolved", "time": 6.0, "pulse_start": 6.0})
+    assert [(e["event"], e["incident_id"]) for e in evs] == [("resolved", "leaf1->spine0")]
+    assert {e["link"] for e in tr.history if e.get("link")} == {"leaf1->spine0"}
