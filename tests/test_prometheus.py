@@ -7,46 +7,18 @@ import shutil
 import subprocess
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+from analysis.alertstack import ALERTMANAGER, DEPLOY, PROMETHEUS, AlertStack, Webhook
+
 PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
-ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 def test_shipped_prometheus_config_checks():
     r = subprocess.run([PROMTOOL, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "1 rule files found" in r.stdout, r.stdout + r.stderr
-
-
-class Webhook:
-    """Alertmanager's webhook receiver: keeps every notification it is sent."""
-
-    def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        got = self.notifications = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/flowpulse"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 def owner_pulses(det, link: str) -> list[tuple[float, float, float]]:
@@ -56,50 +28,14 @@ def owner_pulses(det, link: str) -> list[tuple[float, float, float]]:
             for t, a, b, _, m in det.owner.ledger.rows if m[cell] and b[cell] > 0]
 
 
-def operator_stack(tmp_path: Path, metrics_ports: list[int], base: int, hook: Webhook,
-                   group_wait: str | None = None) -> list[subprocess.Popen]:
-    """Prometheus and Alertmanager started from the shipped configurations; only addresses, paths and
-    intervals changed (scrape and evaluate every second; ``group_wait``: Alertmanager's, shortened)."""
-    import yaml
-
-    rules = tmp_path / "flowpulse.rules.yml"
-    shutil.copy(DEPLOY / "prometheus" / "flowpulse.rules.yml", rules)
-    prom = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    prom["rule_files"] = [str(rules)]
-    prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{base + 1}"]
-    (tmp_path / "targets").mkdir()
-    (tmp_path / "targets" / "agents.json").write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in metrics_ports]}]))
-    prom["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(tmp_path / "targets" / "*.json")]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom))
-    am = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
-    if group_wait:
-        am["route"]["group_wait"] = group_wait
-    for rcv in am["receivers"]:
-        for wh in rcv.get("webhook_configs", []):
-            wh["url"] = hook.url
-    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am))
-    return [
-        subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{base}"],
-                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w")),
-        subprocess.Popen([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                          f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{base + 1}",
-                          "--cluster.listen-address="],
-                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "alertmanager.log", "w")),
-    ]
-
-
-def stop_all(stop: threading.Event, sched, stack: list[subprocess.Popen], hook: Webhook,
+def stop_all(stop: threading.Event, sched, stack: AlertStack, hook: Webhook,
              threads: list[threading.Thread], agents: list) -> None:
     """A live test's teardown: the agents' loops and the fault scheduler, Prometheus and Alertmanager,
     the receiver, the agents' maps."""
     stop.set()
     if sched:
         sched.stop.set()
-    for proc in stack:
-        proc.terminate()
-        proc.wait(timeout=10)
+    stack.close()
     hook.close()
     for th in threads:
         th.join(timeout=5)
@@ -223,7 +159,7 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         serve([a], base + 10 + i, tracker=trackers[-1])
         ports.append(base + 10 + i)
     hook = Webhook()
-    stack = operator_stack(tmp_path, ports, base, hook)
+    stack = AlertStack(tmp_path, ports, base, hook)
     stop = threading.Event()
     sched = None
     threads = [threading.Thread(target=run_agents, args=([a], stop, 0.01), kwargs={"tracker": t}, daemon=True)
@@ -240,12 +176,11 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         firing = []
         deadline = time.time() + 20
         while time.time() < deadline and not firing:
-            body = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{base}/api/v1/alerts", timeout=5).read())
-            firing = [a for a in body["data"]["alerts"] if a["labels"]["alertname"] == "FlowPulseLinkFault"
+            firing = [a for a in stack.alerts() if a["labels"]["alertname"] == "FlowPulseLinkFault"
                       and a["state"] == "firing" and a["labels"]["state"] == "localized"]
             time.sleep(1)
         assert firing, ([(t.reporter, e["event"], e["incident_id"], e["how"], e["evidence"]) for t in trackers
-                          for e in t.history], (tmp_path / "prometheus.log").read_text()[-1000:])
+                          for e in t.history], stack.log_tail())
         # the leaf's ambiguous alert was settled by spine1's verdict, read from the file its agent exports
         named = {a["labels"]["link"] for a in firing}
         if named != {"leaf0->spine1"}:
@@ -274,6 +209,87 @@ def test_real_prometheus_fires_on_injected_fault(make_testbed, tmp_path):
         stop_all(stop, sched, stack, hook, threads, agents)
 
 
+def _two_free_ports() -> int:
+    """A port p with p + 1 free too (Prometheus on p, Alertmanager on p + 1)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            if p >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+        return p
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_an_earlier_faults_resent_resolve_does_not_page_a_later_fault_again(tmp_path):
+    """The shipped routes with a real Alertmanager, fed as Prometheus feeds it: fault A through spine2 pages
+    and resolves; fault B through spine2 pages; then Prometheus resends A's resolved alert (it does for 15
+    minutes after a resolve). B must not page again. With pages grouped by domain alone A's resend joined
+    B's group and Alertmanager notified B's page a second time (bench/paging.py found it live)."""
+    import datetime
+    import urllib.request
+
+    assert ALERTMANAGER, "scripts/setup.sh installs Debian's prometheus-alertmanager package"
+    hook = Webhook()
+    base = _two_free_ports()
+    stack = AlertStack(tmp_path, [], base, hook, group_wait="1s", group_interval="2s")
+    starts = {i: datetime.datetime.now(datetime.timezone.utc).isoformat() for i in ("leaf0->spine2", "leaf3->spine2")}
+
+    def alert(incident: str, resolved: bool) -> dict:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        end = now - datetime.timedelta(seconds=1) if resolved else now + datetime.timedelta(minutes=5)
+        return {"labels": {"alertname": "FlowPulseLinkFault", "severity": "page", "incident": incident,
+                           "link": incident, "kind": "loss", "state": "localized", "domain": "spine2"},
+                "annotations": {"summary": incident}, "startsAt": starts[incident], "endsAt": end.isoformat()}
+
+    def post(a: dict) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{base + 1}/api/v2/alerts", json.dumps([a]).encode(),
+                                     {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).read()
+
+    def wait(pred, timeout: float = 20.0) -> None:
+        end = time.time() + timeout
+        while time.time() < end and not pred():
+            time.sleep(0.2)
+        assert pred(), hook.notifications
+
+    def pages(incident: str, status: str) -> int:
+        return sum(1 for n in hook.notifications if n["receiver"] == "oncall" and n["status"] == status and
+                   any(a["labels"]["incident"] == incident and a["status"] == status for a in n["alerts"]))
+
+    try:
+        wait(lambda: _ready(base + 1))
+        post(alert("leaf0->spine2", False))
+        wait(lambda: pages("leaf0->spine2", "firing") == 1)
+        post(alert("leaf0->spine2", True))
+        wait(lambda: pages("leaf0->spine2", "resolved") == 1)
+        post(alert("leaf3->spine2", False))
+        wait(lambda: pages("leaf3->spine2", "firing") == 1)
+        post(alert("leaf0->spine2", True))          # Prometheus's resend of A's resolve
+        time.sleep(8)                                # four group intervals: whether B is notified again
+        assert pages("leaf3->spine2", "firing") == 1, hook.notifications
+        assert pages("leaf0->spine2", "resolved") == 1, hook.notifications
+    finally:
+        stack.close()
+        hook.close()
+
+
+def _ready(port: int) -> bool:
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).status == 200
+    except OSError:
+        return False
+
+
 @pytest.mark.root
 def test_one_fault_pages_once_and_sends_its_drain_once(make_testbed, tmp_path):
     """`agent --all --mitigate` on 4x4x2 with the shipped rules and routes, group_wait shortened to 1 s:
@@ -300,7 +316,7 @@ def test_one_fault_pages_once_and_sends_its_drain_once(make_testbed, tmp_path):
     base = 19900 + (hash(tb.prefix) % 40) * 2
     serve(agents, base + 10, tracker=tracker, mitigator=mitigator)
     hook = Webhook()
-    stack = operator_stack(tmp_path, [base + 10], base, hook, group_wait="1s")
+    stack = AlertStack(tmp_path, [base + 10], base, hook, group_wait="1s")
     stop = threading.Event()
     th = threading.Thread(target=run_agents, args=(agents, stop, 0.01), daemon=True,
                           kwargs={"tracker": tracker, "mitigator": mitigator})
