@@ -11,16 +11,23 @@
    tc clsact. TCP goodput (iperf3, 1 and 4 streams) and small-packet UDP rate
    (64-byte datagrams), as ratios to plain ECMP (targets: 0.95 TCP, 0.90 UDP). Spraying also
    costs TCP some goodput through reordering, which the middle row separates.
+   Each round measures every row once, in an order drawn per round (--seed): no row is always first
+   or last. A row's ratio is the median over the rounds of the row against kernel ECMP in the same
+   round; beside it, the spread of those per-round ratios (min-max), i.e. what the bench can tell.
+   --cpus A,B pins iperf3's client to CPU A and its server to CPU B (a veth hands a packet on in the
+   sender's softirq, so the forwarding and the programs run on A); by default the scheduler places
+   them. On a 2-CPU machine pinning did not narrow the spread (docs/results/cost.md).
 2. `up`/`down` wall time and memory (MemAvailable drop, builder peak RSS) for the
    default fabric and larger ones.
 
-    sudo .venv/bin/python bench/datapath.py [--seconds 5] [--reps 3] [--shapes 4x4x2 8x8x2 12x12x2]
+    sudo .venv/bin/python bench/datapath.py [--seconds 5] [--reps 3] [--cpus 0,1] [--shapes 4x4x2 8x8x2 12x12x2]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -37,13 +44,18 @@ from netns_testbed.nsutil import in_netns, iproute, netns_argv  # noqa: E402
 from netns_testbed.topo import FabricSpec  # noqa: E402
 
 
-def iperf(tb, src: str, dst: str, seconds: float, extra: list[str]) -> dict:
-    server = subprocess.Popen(netns_argv(tb.ns(dst), ["iperf3", "-s", "-1", "-p", "5201"]),
+def pinned(cpu: int | None, argv: list[str]) -> list[str]:
+    return argv if cpu is None else ["taskset", "-c", str(cpu), *argv]
+
+
+def iperf(tb, src: str, dst: str, seconds: float, extra: list[str], cpus: tuple[int, int] | None = None) -> dict:
+    client_cpu, server_cpu = cpus or (None, None)
+    server = subprocess.Popen(pinned(server_cpu, netns_argv(tb.ns(dst), ["iperf3", "-s", "-1", "-p", "5201"])),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
     try:
-        r = subprocess.run(netns_argv(tb.ns(src), ["iperf3", "-c", tb.fabric.host_ip(dst), "-p", "5201", "-t",
-                                                   str(seconds), "-J", *extra]),
+        r = subprocess.run(pinned(client_cpu, netns_argv(tb.ns(src), ["iperf3", "-c", tb.fabric.host_ip(dst), "-p",
+                                                                      "5201", "-t", str(seconds), "-J", *extra])),
                            capture_output=True, text=True, timeout=seconds + 30)
         return json.loads(r.stdout)["end"]
     finally:
@@ -51,11 +63,11 @@ def iperf(tb, src: str, dst: str, seconds: float, extra: list[str]) -> dict:
         server.wait()
 
 
-def measure(tb, seconds: float) -> dict:
+def measure(tb, seconds: float, cpus: tuple[int, int] | None) -> dict:
     """h0 (leaf0) -> h1 (leaf1) across the spines of a 2x4x1 fabric."""
-    tcp1 = iperf(tb, "h0", "h1", seconds, [])["sum_received"]["bits_per_second"] / 1e9
-    tcp4 = iperf(tb, "h0", "h1", seconds, ["-P", "4"])["sum_received"]["bits_per_second"] / 1e9
-    udp = iperf(tb, "h0", "h1", seconds, ["-u", "-b", "0", "-l", "64"])["sum"]
+    tcp1 = iperf(tb, "h0", "h1", seconds, [], cpus)["sum_received"]["bits_per_second"] / 1e9
+    tcp4 = iperf(tb, "h0", "h1", seconds, ["-P", "4"], cpus)["sum_received"]["bits_per_second"] / 1e9
+    udp = iperf(tb, "h0", "h1", seconds, ["-u", "-b", "0", "-l", "64"], cpus)["sum"]
     return {"tcp1_gbps": tcp1, "tcp4_gbps": tcp4,
             "udp64_kpps": (udp["packets"] - udp["lost_packets"]) / udp["seconds"] / 1e3}
 
@@ -112,7 +124,20 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--shapes", nargs="*", default=["4x4x2", "8x8x2", "16x16x2"],
                    help="fabrics for the up/down footprint (none: skip it)")
+    p.add_argument("--cpus", default="none",
+                   help="A,B: iperf3's client on CPU A, its server on CPU B; none (default): the scheduler's")
+    p.add_argument("--seed", type=int, default=1, help="draws each round's order of the rows")
     a = p.parse_args()
+    cpus = None
+    if a.cpus != "none":
+        try:
+            cpus = tuple(int(x) for x in a.cpus.split(","))
+            if len(cpus) != 2 or not all(0 <= c < (os.cpu_count() or 1) for c in cpus):
+                raise ValueError
+        except ValueError:
+            p.error(f"--cpus {a.cpus}: two CPU numbers below {os.cpu_count()} as A,B, or none")
+    if a.reps < 1 or a.seconds <= 0:
+        p.error("--reps at least 1, --seconds above 0")
     shape = FabricSpec(leaves=2, spines=4, hosts_per_leaf=1)
     kinds = [Hook.TCX, Hook.CLSACT] if tcx_supported() else [Hook.CLSACT]
     names, opts = {}, {}     # prefix -> row label, build options
@@ -141,9 +166,13 @@ def main() -> int:
             m.set_config(None, beds["fpbcount"].state.gap_ms)   # spraying off: the kernel routes
             m.close()
         res: dict[str, list] = {k: [] for k in names}
-        for _ in range(a.reps):
-            for pre, tb in beds.items():
-                res[pre].append(measure(tb, a.seconds))
+        rng = random.Random(a.seed)
+        for r in range(a.reps):
+            order = list(beds)
+            rng.shuffle(order)
+            print(f"round {r + 1}/{a.reps}", file=sys.stderr, flush=True)
+            for pre in order:
+                res[pre].append(measure(beds[pre], a.seconds, cpus))
     finally:
         for fd in links:
             os.close(fd)
@@ -152,16 +181,20 @@ def main() -> int:
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in res.items()}
     # each round measures every row within a minute or so: a row's ratio to kernel ECMP is taken within
     # its round (the machine's slow drift cancels), then the median over the rounds
-    ratio = {k: {m: statistics.median(r[m] / b[m] for r, b in zip(v, res["fpboff"])) for m in v[0]}
-             for k, v in res.items()}
-    print(f"median of {a.reps} runs of {a.seconds:g} s, h0 (leaf0) -> h1 (leaf1) over 4 spines; ratio = median "
-          "over the rounds of the row / kernel ECMP in the same round")
-    print(f"{'datapath':32} {'TCP 1 flow Gb/s':>16} {'TCP 4 flows Gb/s':>17} {'UDP 64 B kpps':>14}")
+    per_round = {k: {m: [r[m] / b[m] for r, b in zip(v, res["fpboff"])] for m in v[0]} for k, v in res.items()}
+    ratio = {k: {m: statistics.median(xs) for m, xs in v.items()} for k, v in per_round.items()}
+    print(f"median of {a.reps} runs of {a.seconds:g} s, h0 (leaf0) -> h1 (leaf1) over 4 spines, iperf3 "
+          f"{'client on CPU %d, server on CPU %d' % cpus if cpus else 'unpinned'}; (ratio = median over the rounds "
+          "of the row / kernel ECMP in the same round, and its min-max over the rounds)")
+    print(f"{'datapath':32} {'TCP 1 flow Gb/s':>24} {'TCP 4 flows Gb/s':>24} {'UDP 64 B kpps':>24}")
+
+    def cell(pre: str, m: str, fmt: str) -> str:
+        xs = per_round[pre][m]
+        return f"{format(med[pre][m], fmt):>7} ({ratio[pre][m]:.2f} {min(xs):.2f}-{max(xs):.2f})"
+
     for pre, label in names.items():
-        m, q = med[pre], ratio[pre]
-        print(f"{label:32} {m['tcp1_gbps']:>8.2f} ({q['tcp1_gbps']:.2f}) "
-              f"{m['tcp4_gbps']:>9.2f} ({q['tcp4_gbps']:.2f}) "
-              f"{m['udp64_kpps']:>7.1f} ({q['udp64_kpps']:.2f})")
+        print(f"{label:32} {cell(pre, 'tcp1_gbps', '.2f'):>24} {cell(pre, 'tcp4_gbps', '.2f'):>24} "
+              f"{cell(pre, 'udp64_kpps', '.1f'):>24}")
     if not a.shapes:
         return 0
     print()
