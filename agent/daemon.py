@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from agent.deployment import Deployment, of_testbed
+from agent.faultcost import PulseLog
 from agent.detector import Alert, DetectorConfig, SwitchDetector
 from agent.detector.alerts import AlertEvent
 from agent.detector.persistence import STATE_SCHEMA, ForeignState
@@ -99,6 +100,7 @@ class SwitchAgent:
         self.alerts_total: dict[str, int] = {}
         self.last_pulse: PulseCounts | None = None
         self.last_pulse_at: float | None = None   # time.monotonic() when the latest pulse was read
+        self.pulse_log = PulseLog()               # the last pulses' rhythm: what an incident costs (faultcost)
         self.pulses = 0
         self.errors = 0            # polls that raised (run_agents)
         self.verdict_doc: str | None = None   # the latest exported verdict document (served at /verdicts/<switch>)
@@ -214,6 +216,7 @@ class SwitchAgent:
         self.pulses += 1
         self.last_pulse = pc
         self.last_pulse_at = time.monotonic()
+        self.pulse_log.add(pc.start_time, pc.span)
         if pc.nports != self.detector.nports:
             log.warning("%s: port count changed (%d -> %d): relearning", self.switch, self.detector.nports, pc.nports)
             self.detector = self._make_detector()

@@ -20,6 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from agent.daemon import SwitchAgent
 from agent.detector.alerts import AlertKind
+from agent.faultcost import incident_costs
 from agent.incidents import IncidentTracker
 from agent.mitigation import Mitigator
 from netns_testbed.untrusted import REFUSED
@@ -164,7 +165,33 @@ class AgentCollector:
             labels = [i.incident_id, i.link or "|".join(i.candidates), cands, i.kind, i.state, i.domain]
             inc.add_metric(labels, 1.0)
             irate.add_metric(labels, i.rate)
-        return [inc, irate]
+        return [inc, irate, *self._costs()]
+
+    def _costs(self) -> list:
+        """What each open incident has cost so far (agent.faultcost): seconds from its onset to its first
+        alert, its name and its drain; the pulse period and resent segments before, during and after."""
+        secs = GaugeMetricFamily("flowpulse_incident_seconds", "Seconds from an open incident's estimated onset to "
+                                 "its first alert (to=detect), the link named (name) and the drain (drain)",
+                                 labels=["incident", "to"])
+        period = GaugeMetricFamily("flowpulse_incident_pulse_period_seconds", "Median seconds between pulse starts "
+                                   "(one collective iteration) at the switch that first alerted, before the "
+                                   "incident's onset, during the fault and after the drain", labels=["incident",
+                                                                                                     "switch", "phase"])
+        resent = GaugeMetricFamily("flowpulse_incident_resent_segments", "Median TCP segments per pulse that came in "
+                                   "again at that switch, in the same phases", labels=["incident", "switch", "phase"])
+        actions = list(self.mitigator.history) if self.mitigator is not None else []
+        costs = incident_costs(list(self.tracker.incidents.values()), self.tracker.history, actions,
+                               {a.switch: a.pulse_log for a in self.agents}, time.time())
+        for iid, c in sorted(costs.items()):
+            for to, v in c["seconds"].items():
+                if v is not None:
+                    secs.add_metric([iid, to], v)
+            for phase, m in c["phases"].items():
+                if m["period_s"] is not None:
+                    period.add_metric([iid, c["switch"], phase], m["period_s"])
+                if m["resent"] is not None:
+                    resent.add_metric([iid, c["switch"], phase], m["resent"])
+        return [secs, period, resent]
 
 
 STALL_S = 5.0  # a poll loop silent this long is stuck (it looks at least once a second, run_agents)

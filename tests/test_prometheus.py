@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -343,5 +344,17 @@ def test_one_fault_pages_once_and_sends_its_drain_once(make_testbed, tmp_path):
         assert len(actions) == 1, (events, hook.notifications)
         assert [a["labels"]["link"] for a in actions[0]["alerts"]] == ["leaf2->spine1"]
         assert mitigator.drained() == {"leaf2->spine1": "leaf2->spine1"}
+        # what the incident cost so far, as Prometheus scraped it (agent.faultcost): the seconds to its
+        # alert, name and drain in order, and the rhythm at the switch that alerted before and after the drain
+        cost = {}
+        for q in ("flowpulse_incident_seconds", "flowpulse_incident_pulse_period_seconds"):
+            body = urllib.request.urlopen(f"http://127.0.0.1:{base}/api/v1/query?query={q}", timeout=5).read()
+            for r in json.loads(body)["data"]["result"]:
+                if r["metric"]["incident"] == "leaf2->spine1":
+                    cost[(q, r["metric"].get("to") or r["metric"]["phase"])] = float(r["value"][1])
+        secs = [cost.get(("flowpulse_incident_seconds", k)) for k in ("detect", "name", "drain")]
+        assert None not in secs and 0 <= secs[0] <= secs[1] <= secs[2] < 30, cost
+        for phase in ("before", "after_drain"):
+            assert 0 < cost.get(("flowpulse_incident_pulse_period_seconds", phase), 0) < 5, cost
     finally:
         stop_all(stop, sched, stack, hook, [th], agents)

@@ -1,0 +1,80 @@
+"""An open incident's cost, live (agent.faultcost): the seconds to detect, name and drain from the onset,
+and the switch's pulse rhythm and resent segments before, during and after the drain, on a synthetic
+stream with known truth."""
+from __future__ import annotations
+
+import numpy as np
+
+from agent.faultcost import PulseLog, incident_costs
+from agent.incidents import IncidentTracker
+from agent.pulse import SPAN_FIELDS, SPAN_RESENT
+from netns_testbed.topo import Fabric, FabricSpec
+
+
+def span(resent: int) -> np.ndarray:
+    s = np.zeros((2, 3, len(SPAN_FIELDS)), dtype=np.int64)
+    s[1, 2, SPAN_RESENT] = resent
+    return s
+
+
+def test_known_rhythm_and_resends_per_phase():
+    """Iterations of 0.10 s with 2 resent segments each; from t=100 (the onset) 0.25 s with 40; the drain at
+    t=110; from then 0.12 s with 3. The phases come out at those values, the pulse the drain crossed left
+    out, and the seconds from the onset to the alert, the name and the drain as they happened."""
+    fab = Fabric(FabricSpec())
+    log = PulseLog()
+    t = 40.0
+    while t < 100.0:
+        log.add(t, span(2))
+        t += 0.10
+    t = 100.0
+    while t < 110.0:
+        log.add(t, span(40))
+        t += 0.25
+    log.add(t, span(40))                 # the pulse the drain crosses (started before it)
+    t += 0.5                             # ... and ended long after
+    while t < 130.0:
+        log.add(t, span(3))
+        t += 0.12
+    tr = IncidentTracker(fab, None)
+    alert = {"event": "alert", "alert_id": "spine2/1/in/loss", "switch": "spine2", "port": 1,
+             "link": "leaf1->spine2", "candidates": ["leaf1->spine2"], "kind": "loss", "estimated_rate": 0.02,
+             "onset_time": 100.0, "time": 100.4, "pulse_start": 100.25}
+    tr.feed(alert, now=100.4)
+    actions = [{"event": "mitigation", "action": "drain", "link": "leaf1->spine2", "incident_id": "leaf1->spine2",
+                "time": 110.1}]
+    costs = incident_costs(tr.open(), tr.history, actions, {"spine2": log}, now=130.0)
+    c = costs["leaf1->spine2"]
+    assert c["switch"] == "spine2"
+    assert abs(c["seconds"]["detect"] - 0.4) < 1e-9 and abs(c["seconds"]["name"] - 0.4) < 1e-9
+    assert abs(c["seconds"]["drain"] - 10.1) < 1e-9
+    ph = c["phases"]
+    assert abs(ph["before"]["period_s"] - 0.10) < 1e-6 and ph["before"]["resent"] == 2
+    assert abs(ph["during"]["period_s"] - 0.25) < 1e-6 and ph["during"]["resent"] == 40
+    assert abs(ph["after_drain"]["period_s"] - 0.12) < 1e-6 and ph["after_drain"]["resent"] == 3
+
+
+def test_a_localizing_incident_that_got_its_link_is_named_when_it_got_it():
+    fab = Fabric(FabricSpec())
+    tr = IncidentTracker(fab, None)
+    loss = {"event": "alert", "alert_id": "leaf0/0/in/loss", "switch": "leaf0", "port": 0, "link": None,
+            "candidates": ["spine0->leaf0", "leaf1->spine0"], "kind": "loss", "estimated_rate": 0.01,
+            "onset_time": 50.0, "time": 50.5, "pulse_start": 50.3}
+    tr.feed(loss, now=50.5)
+    assert [i.state for i in tr.open()] == ["localizing"]
+    c = incident_costs(tr.open(), tr.history, [], {}, now=51.0)["leaf1->spine0|spine0->leaf0"]
+    assert c["seconds"]["name"] is None and c["seconds"]["drain"] is None and c["phases"] == {}
+    # spine0 names its link (damaged frames): the leaf's loss joins it; the name counts from the same onset
+    tr.feed({"event": "alert", "alert_id": "spine0/1/in/corruption", "switch": "spine0", "port": 1,
+             "link": "leaf1->spine0", "candidates": ["leaf1->spine0"], "kind": "corruption",
+             "estimated_rate": 0.01, "onset_time": 50.2, "time": 52.0, "pulse_start": 51.8}, now=52.0)
+    c = incident_costs(tr.open(), tr.history, [], {}, now=53.0)["leaf1->spine0"]
+    assert abs(c["seconds"]["detect"] - 0.5) < 1e-9 and abs(c["seconds"]["name"] - 2.0) < 1e-9
+    assert c["switch"] == "leaf0"
+
+
+def test_too_few_pulses_give_no_figure():
+    log = PulseLog()
+    log.add(10.0, None)
+    ph = log.phases(onset=10.5, drained=None, now=11.0)
+    assert ph["before"] == {"period_s": None, "resent": None} and ph["after_drain"]["period_s"] is None
