@@ -108,10 +108,51 @@ def plot_fabric(run: Path, report: dict) -> Path:
     return out
 
 
+def plot_cost(run: Path, report: dict) -> Path | None:
+    """What each fault cost the job: every iteration's time (rank 0) against when it began, each fault's
+    start, first alert, name and drain marked, and the medians report.json's cost holds (before the
+    fault, while it acted, from the second iteration after the drain) drawn over their spans. None when
+    the run had no fault."""
+    costs = {c["link"]: c for c in report.get("cost") or []}
+    faults = [f for f in report["faults"] if f.get("start") and f["link"] in costs]
+    its = sorted(report.get("iterations") or [], key=lambda it: it["index"])
+    if not faults or not its:
+        return None
+    t0 = report["started"]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.plot([it["start"] - t0 for it in its], [it["duration_s"] * 1000 for it in its], marker=".", lw=1, color="0.3",
+            label="iteration time (rank 0)")
+    marks = (("to_detect_s", "detected", "orange"), ("to_name_s", "named", "purple"), ("to_drain_s", "drained", "green"))
+    for f in faults:
+        c, start = costs[f["link"]], f["start"] - t0
+        ax.axvline(start, color="r", ls="--", label=f"fault on: {f['spec']}")
+        for key, what, color in marks:
+            if c.get(key) is not None:
+                ax.axvline(start + c[key], color=color, ls=":", label=f"{what} +{c[key]:.1f} s")
+        end = its[-1]["end"] - t0
+        drained = start + c["to_drain_s"] if c.get("to_drain_s") is not None else None
+        spans = [("before_ms", its[0]["start"] - t0, start), ("during_ms", start, drained if drained else end),
+                 ("after_drain_ms", drained, end)]
+        for key, a, b in spans:
+            if c.get(key) is not None and a is not None:
+                ax.hlines(c[key], a, b, color="b", lw=2, alpha=0.5)
+                ax.annotate(f"{c[key]:.0f} ms", (a, c[key]), color="b", fontsize=8, va="bottom")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title("what the fault cost the job (blue: medians before, while it acted, after the drain)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(run) / "cost.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def make_plots(run: Path) -> list[Path]:
     report = load_report(run)
     sw = focus_switch(report)
-    return [plot_ports(run, report, sw), plot_fabric(run, report)]
+    cost = plot_cost(run, report)
+    return [plot_ports(run, report, sw), plot_fabric(run, report)] + ([cost] if cost else [])
 
 
 def text_summary(report: dict) -> str:

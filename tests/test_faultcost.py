@@ -78,3 +78,26 @@ def test_too_few_pulses_give_no_figure():
     log.add(10.0, None)
     ph = log.phases(onset=10.5, drained=None, now=11.0)
     assert ph["before"] == {"period_s": None, "resent": None} and ph["after_drain"]["period_s"] is None
+
+
+def test_the_report_plots_what_the_fault_cost(tmp_path):
+    """report.json's cost drawn (analysis.report.plot_cost): 10 iterations of 100 ms, the fault, 5 of 300 ms
+    until the drain, then 110 ms; a PNG whose medians are the cost's; no plot for a run without a fault."""
+    import matplotlib.image
+
+    from analysis.cost import fault_cost
+    from analysis.report import plot_cost
+
+    t, its = 1000.0, []
+    for i, d in enumerate([0.1] * 10 + [0.3] * 5 + [0.11] * 10):
+        its.append({"index": i, "start": t, "end": t + d, "duration_s": d, "retrans_segs": 0})
+        t += d + 0.05
+    fault = {"link": "leaf1->spine0", "spec": "leaf1->spine0:drop=0.05", "start": its[10]["start"] - 0.01}
+    actions = [{"action": "drain", "link": "leaf1->spine0", "time": its[15]["start"] - 0.01}]
+    alerts = [{"time": its[10]["end"], "link": "leaf1->spine0", "candidates": ["leaf1->spine0"]}]
+    cost = fault_cost(fault, its, alerts, [{"link": "leaf1->spine0", "time": its[11]["end"]}], actions)
+    assert (cost["before_ms"], cost["during_ms"], cost["after_drain_ms"]) == (100.0, 300.0, 110.0)
+    report = {"started": 999.0, "faults": [fault], "iterations": its, "cost": [cost]}
+    out = plot_cost(tmp_path, report)
+    assert out == tmp_path / "cost.png" and matplotlib.image.imread(out).shape[2] in (3, 4)
+    assert plot_cost(tmp_path, {**report, "faults": [], "cost": []}) is None
