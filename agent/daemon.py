@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from agent.deployment import Deployment, of_testbed
-from agent.faultcost import PulseLog
 from agent.detector import Alert, DetectorConfig, SwitchDetector
 from agent.detector.alerts import AlertEvent
 from agent.detector.persistence import STATE_SCHEMA, ForeignState
+from agent.faultcost import PulseLog
 from agent.incidents import IncidentTracker, LocalEvidence, VerdictFiles, write_verdicts
 from agent.pulse import PulseCounts
 from agent.reader import testbed_reader

@@ -31,7 +31,6 @@ from agent.pulse import SPAN_RESENT
 
 BEFORE_S = 60.0        # the healthy rhythm: the pulses of the last minute before the onset
 KEEP_PULSES = 4096     # pulses kept per switch (at 10 pulses a second, about 7 minutes)
-PHASES = ("before", "during", "after_drain")
 
 
 class PulseLog:

@@ -485,10 +485,23 @@ class IncidentTracker:
             if changed and not prevs:
                 events.append(inc.event("update", now, self.reporter))
         self.history.extend(events)
+        trim_history(self.history)
         return events
 
     def open(self) -> list[Incident]:
         return sorted(self.incidents.values(), key=lambda i: i.first_time)
+
+
+# Events kept in a tracker's (and a mitigator's) history: a daemon runs for months. The oldest tenth
+# goes when it is full (the live cost of an incident older than that many events no longer finds its
+# name's time).
+HISTORY_EVENTS = 10_000
+
+
+def trim_history(history: list[dict], limit: int | None = None) -> None:
+    limit = HISTORY_EVENTS if limit is None else limit
+    if len(history) > limit:
+        del history[:len(history) - limit + limit // 10]
 
 
 # How long an undecided burst's span is kept for the next burst of the same alert (the owner's ledger

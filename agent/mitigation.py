@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent.detector.alerts import AlertKind
+from agent.incidents import trim_history
 from netns_testbed.errors import UserError
 from netns_testbed.topo import Fabric, Link, node_kind
 
@@ -142,6 +143,7 @@ class Mitigator:
         with self.lock:
             out = self._decide(inc)
             self.history.extend(out)
+            trim_history(self.history)
             return out
 
     def _decide(self, inc: dict) -> list[dict]:

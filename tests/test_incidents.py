@@ -597,3 +597,23 @@ def test_a_loss_through_a_link_named_corrupt_is_the_corruptions_incident(corrupt
     evs = tr.feed({**loss, "event": "resolved", "time": 6.0, "pulse_start": 6.0})
     assert [(e["event"], e["incident_id"]) for e in evs] == [("resolved", "leaf1->spine0")]
     assert {e["link"] for e in tr.history if e.get("link")} == {"leaf1->spine0"}
+
+
+def test_a_trackers_history_is_bounded():
+    """A daemon runs for months: the incident history keeps at most HISTORY_EVENTS events, the newest."""
+    from agent.incidents import HISTORY_EVENTS, trim_history
+
+    h = [{"i": i} for i in range(HISTORY_EVENTS)]
+    trim_history(h)
+    assert len(h) == HISTORY_EVENTS                              # full, not over: nothing goes
+    h.append({"i": HISTORY_EVENTS})
+    trim_history(h)
+    assert len(h) == HISTORY_EVENTS - HISTORY_EVENTS // 10 and h[-1] == {"i": HISTORY_EVENTS}
+    assert h[0] == {"i": HISTORY_EVENTS // 10 + 1}
+    tr = IncidentTracker(Fabric(FabricSpec()), None)
+    alert = {"event": "alert", "alert_id": "spine1/0/in/loss", "switch": "spine1", "port": 0, "link": "leaf0->spine1",
+             "candidates": ["leaf0->spine1"], "kind": "loss", "estimated_rate": 0.01}
+    for k in range(HISTORY_EVENTS // 2 + 10):                    # open and resolved: two events a round
+        tr.feed({**alert, "time": 2.0 * k})
+        tr.feed({**alert, "event": "resolved", "time": 2.0 * k + 1})
+    assert len(tr.history) <= HISTORY_EVENTS and tr.history[-1]["event"] == "resolved"
