@@ -71,23 +71,26 @@ def incident_costs(incidents: list, history: list[dict], actions: list[dict], lo
     mitigator's (or [])."""
     out: dict[str, dict] = {}
     for inc in incidents:
-        alerts = sorted(inc.alerts.values(), key=lambda a: a.time)
-        if not alerts:
+        if not inc.alerts:
             continue
-        onset = min(a.onset_time or a.time for a in alerts)
-        # the incident and the ones it continues (a localizing incident that got its link)
+        # the alert that saw the fault first; an alert's entry is its latest event, so the incident's own
+        # first time (when its first alert came) is the detection
+        first = min(inc.alerts.values(), key=lambda a: a.onset_time or a.time)
+        onset = first.onset_time or first.time
+        # this incident's events only: an earlier incident on the same link had the same id
+        mine = [ev for ev in history if ev.get("time", 0.0) >= inc.first_time]
         ids = {inc.incident_id}
-        for ev in reversed(history):
+        for ev in reversed(mine):          # and the ones it continues (a localizing incident that got its link)
             if ev.get("incident_id") in ids and ev.get("previous_id"):
                 ids.add(ev["previous_id"])
-        named = next((ev["time"] for ev in history if ev.get("incident_id") in ids and ev.get("link")
+        named = next((ev["time"] for ev in mine if ev.get("incident_id") in ids and ev.get("link")
                       and ev["event"] in ("open", "localized")), None)
         drained = next((act["time"] for act in actions if act.get("action") == "drain"
-                        and act.get("incident_id") in ids), None)
-        seconds = {"detect": alerts[0].time - onset, "name": None if named is None else named - onset,
+                        and act.get("incident_id") in ids and act["time"] >= inc.first_time), None)
+        seconds = {"detect": inc.first_time - onset, "name": None if named is None else named - onset,
                    "drain": None if drained is None else drained - onset}
-        log = logs.get(alerts[0].switch)
-        out[inc.incident_id] = {"switch": alerts[0].switch, "onset": onset,
+        log = logs.get(first.switch)
+        out[inc.incident_id] = {"switch": first.switch, "onset": onset,
                                 "seconds": {k: None if v is None else max(v, 0.0) for k, v in seconds.items()},
                                 "phases": log.phases(onset, drained, now) if log is not None else {}}
     return out

@@ -101,3 +101,22 @@ def test_the_report_plots_what_the_fault_cost(tmp_path):
     out = plot_cost(tmp_path, report)
     assert out == tmp_path / "cost.png" and matplotlib.image.imread(out).shape[2] in (3, 4)
     assert plot_cost(tmp_path, {**report, "faults": [], "cost": []}) is None
+
+
+def test_a_second_fault_on_the_same_link_is_timed_from_its_own_events():
+    """The same link faulty twice: the second incident has the first's id, and its seconds to the name
+    and the drain come from its own events (they came out as 0 live: the first incident's open and drain
+    were taken). Updates of its alert do not move its detection."""
+    fab = Fabric(FabricSpec())
+    tr = IncidentTracker(fab, None)
+    alert = {"event": "alert", "alert_id": "spine1/1/in/loss", "switch": "spine1", "port": 1,
+             "link": "leaf1->spine1", "candidates": ["leaf1->spine1"], "kind": "loss", "estimated_rate": 0.02}
+    tr.feed({**alert, "onset_time": 10.0, "time": 10.3}, now=10.3)
+    tr.feed({**alert, "event": "resolved", "time": 20.0}, now=20.0)
+    actions = [{"action": "drain", "link": "leaf1->spine1", "incident_id": "leaf1->spine1", "time": 10.31}]
+    tr.feed({**alert, "onset_time": 100.0, "time": 100.5}, now=100.5)
+    tr.feed({**alert, "event": "update", "onset_time": 100.0, "time": 104.0, "estimated_rate": 0.05}, now=104.0)
+    actions.append({"action": "drain", "link": "leaf1->spine1", "incident_id": "leaf1->spine1", "time": 100.52})
+    c = incident_costs(tr.open(), tr.history, actions, {}, now=105.0)["leaf1->spine1"]
+    assert abs(c["seconds"]["detect"] - 0.5) < 1e-9 and abs(c["seconds"]["name"] - 0.5) < 1e-9
+    assert abs(c["seconds"]["drain"] - 0.52) < 1e-9
