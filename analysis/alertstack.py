@@ -130,6 +130,14 @@ class AlertStack:
         body = urllib.request.urlopen(f"http://127.0.0.1:{self.base}/api/v1/alerts", timeout=5).read()
         return json.loads(body)["data"]["alerts"]
 
+    def query(self, expr: str) -> list[dict]:
+        """An instant PromQL query's result (Prometheus's HTTP API)."""
+        import urllib.parse
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        return json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["result"]
+
     def log_tail(self, n: int = 1000) -> str:
         return (self.workdir / "prometheus.log").read_text()[-n:]
 

@@ -20,7 +20,9 @@ quiet for --quiet seconds (longer than a localizing incident waits to page: the 
 --settle seconds, before the next fault.
 
 Per fault it prints the link and kind, the link the incident named, the links drained before the
-repair, and the notifications: on-call firing / resolved, routing firing / resolved. Right is 1 / 1 /
+repair, the incident's cost as Prometheus had it when the operator acted (``flowpulse_incident_*``:
+seconds from the onset to detect, name and drain; the pulse period before, during and after the
+drain), and the notifications: on-call firing / resolved, routing firing / resolved. Right is 1 / 1 /
 1 / 1 with the faulty link named, paged and drained and nothing else, no link left drained and no
 incident left open. A last line sums the sweep.
 
@@ -98,8 +100,19 @@ def wait_for(hook: Webhook, since: float, done, quiet: float, settle: float) -> 
         time.sleep(0.5)
 
 
-def one_fault(tb: Testbed, hook: Webhook, mitigator: Mitigator, tracker, link: str, fault: str, out: Path,
-              quiet: float, settle: float) -> dict:
+def scraped_cost(stack: AlertStack, link: str) -> dict:
+    """The incident's cost as Prometheus has it (agent/faultcost.py): seconds from the onset to detect,
+    name and drain; the pulse period per phase at the switch that first alerted."""
+    out: dict = {}
+    for name, key in (("flowpulse_incident_seconds", "to"), ("flowpulse_incident_pulse_period_seconds", "phase"),
+                      ("flowpulse_incident_resent_segments", "phase")):
+        for r in stack.query(f'{name}{{incident="{link}"}}'):
+            out.setdefault(name.removeprefix("flowpulse_incident_"), {})[r["metric"][key]] = round(float(r["value"][1]), 3)
+    return out
+
+
+def one_fault(tb: Testbed, hook: Webhook, stack: AlertStack, mitigator: Mitigator, tracker, link: str, fault: str,
+              out: Path, quiet: float, settle: float) -> dict:
     """The faulty job; the operator's wait for the page and the drain; the repair and restore; a
     healthy job on the repaired link; the wait for the resolves."""
     t0 = time.time()
@@ -119,6 +132,7 @@ def one_fault(tb: Testbed, hook: Webhook, mitigator: Mitigator, tracker, link: s
     # localizing incident pages only after 30 s); whatever came, then quiet
     wait_for(hook, t0, lambda n: count(n, "oncall", "firing") and count(n, "routing", "firing"), 5.0, quiet + 10)
     state["drained"] = sorted(Testbed.load(tb.prefix).state.drained)
+    state["cost"] = scraped_cost(stack, link)
     fault_ops.clear(tb, link)
     if state["drained"]:
         drain.restore(tb, tb.fabric.links_named(state["drained"]))
@@ -145,6 +159,7 @@ def one_fault(tb: Testbed, hook: Webhook, mitigator: Mitigator, tracker, link: s
            max(resolved_at) > t_repair else None,
            "left_drained": sorted(Testbed.load(tb.prefix).state.drained),
            "incidents": sorted({e["incident_id"] for e in incs}),
+           "cost": state["cost"],
            "open_after": sorted(i.incident_id for i in tracker.open()),
            # what each notification held: when (seconds after the faulty job began), receiver, status, and
            # per alert its name, status and the labels that tell incidents apart
@@ -201,7 +216,7 @@ def main() -> int:
             th.start()
             for k, (link, fault) in enumerate(plan):
                 print(f"[{k + 1}/{len(plan)}] {fault} on {link}", file=sys.stderr, flush=True)
-                rows.append(one_fault(tb, hook, mitigator, tracker, link, fault, Path(tmp) / f"job{k}",
+                rows.append(one_fault(tb, hook, stack, mitigator, tracker, link, fault, Path(tmp) / f"job{k}",
                                       args.quiet, args.settle))
                 print(f"    named {rows[-1]['named']} paged {rows[-1]['oncall_firing']}/{rows[-1]['oncall_resolved']} "
                       f"drain {rows[-1]['routing_firing']}/{rows[-1]['routing_resolved']}", file=sys.stderr, flush=True)
@@ -229,12 +244,14 @@ def main() -> int:
     print(f"group_wait {args.group_wait}, group_interval {args.group_interval}; notifications per fault: "
           f"on-call firing/resolved, routing firing/resolved")
     print(f"{'fault':30s} {'named':18s} {'drained':18s} {'on-call':>7s} {'routing':>7s} {'to drain s':>10s} "
-          f"{'repair to resolved s':>20s}  right")
+          f"{'repair to resolved s':>20s}  right  period before/during/after drain s (Prometheus)")
     for r in rows:
         print(f"{r['fault'] + ' on ' + r['link']:30s} {','.join(r['named']) or '-':18s} "
               f"{','.join(r['drained']) or '-':18s} {r['oncall_firing']:>5d}/{r['oncall_resolved']:<1d} "
               f"{r['routing_firing']:>5d}/{r['routing_resolved']:<1d} {r['to_drain_s']!s:>10s} "
-              f"{r['repair_to_resolved_s']!s:>20s}  {r['right']}")
+              f"{r['repair_to_resolved_s']!s:>20s}  {r['right']!s:5s}  "
+              + "/".join(str(r["cost"].get("pulse_period_seconds", {}).get(ph, "-"))
+                         for ph in ("before", "during", "after_drain")))
     s = summary
     print(f"{s['right']} of {s['faults']} right; one page {s['one_page']}, one resolve {s['one_resolve']}, one drain "
           f"{s['one_drain']}; healthy links drained {s['healthy_drained']}, left drained {s['healthy_left_drained']}; "
