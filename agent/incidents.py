@@ -267,7 +267,8 @@ class Incident:
     def domain(self) -> str:
         """The node every link the incident blames goes through (a spine before a leaf before a host): the same for a
         fault's localizing incidents (each leaf that saw it has its own candidate pair, all through spine
-        K) and its localized one. Alerting groups and inhibits by it, so that one fault pages once."""
+        K) and its localized one. The alerting rules join a domain's localizing incidents into one alert, and
+        a localized incident inhibits it, so that one fault pages once."""
         links = [n.split("->") for n in ([self.link] if self.link else self.candidates)]
         common = set(links[0]).intersection(*links[1:]) if links else set()
         rank = {"spine": 0, "leaf": 1}
