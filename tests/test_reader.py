@@ -162,6 +162,7 @@ def test_detector_rebuilt_for_new_port_count():
     """The agent rebuilds its detector when the switch's port count changes (no crash)."""
     from agent.daemon import SwitchAgent
     from agent.detector import DetectorConfig, SwitchDetector
+    from agent.faultcost import PulseLog
     from agent.pulse import PulseCounts
     from netns_testbed.topo import Fabric, FabricSpec
 
@@ -173,6 +174,7 @@ def test_detector_rebuilt_for_new_port_count():
     agent.opts = type("O", (), {"persist": False, "save_every": 10, "export_verdicts": False})()
     agent.dep = type("D", (), {"spray_changes": None})()         # no spray changes to follow
     agent.change_seen = None
+    agent.pulse_log = PulseLog()
     pc = PulseCounts("leaf0", 1, np.zeros((7, 2, 6), np.int64), np.zeros((7, 2), np.int64))
     pending = [pc]
     agent.reader = type("R", (), {"poll": lambda self: pending.pop() if pending else None})()
