@@ -49,10 +49,11 @@ from agent.detector import DetectorConfig  # noqa: E402
 from agent.metrics import serve  # noqa: E402
 from agent.mitigation import Mitigator, TestbedActuator  # noqa: E402
 from analysis.alertstack import AlertStack, Webhook  # noqa: E402
+from analysis.experiment import FaultScheduler  # noqa: E402
+from analysis.spec import parse_scheduled  # noqa: E402
 from flowpulse.cli import Terminated, unwinding_signals  # noqa: E402
 from netns_testbed import builder, drain, faults as fault_ops  # noqa: E402
 from netns_testbed.builder import UpOptions  # noqa: E402
-from netns_testbed.faults import parse_fault  # noqa: E402
 from netns_testbed.state import Testbed  # noqa: E402
 from netns_testbed.topo import Fabric, FabricSpec  # noqa: E402
 from workload.launcher import JobSpec, run_job  # noqa: E402
@@ -60,28 +61,6 @@ from workload.launcher import JobSpec, run_job  # noqa: E402
 PREFIX = "fppg"
 KINDS = ("drop=0.01", "drop=0.02", "corrupt=0.01")
 FAULT_AT, FAULTY_ITERATIONS, HEALTHY_ITERATIONS = 8, 30, 25
-
-
-def iterations_ended(progress: Path) -> int:
-    """How many iterations rank 0 has reported ended."""
-    if not progress.exists():
-        return 0
-    n = 0
-    for line in progress.read_text().splitlines():
-        try:
-            n += json.loads(line).get("phase") == "end"
-        except ValueError:
-            continue
-    return n
-
-
-def fault_on(tb: Testbed, link: str, fault: str, progress: Path, out: dict, stop: threading.Event) -> None:
-    """The fault on in the idle gap before iteration FAULT_AT."""
-    while iterations_ended(progress) < FAULT_AT:
-        if stop.wait(0.01):
-            return
-    fault_ops.apply(tb, parse_fault(tb.fabric, f"{link}:{fault}"))
-    out["fault_on"] = time.time()
 
 
 def count(notes: list[dict], receiver: str, status: str) -> int:
@@ -118,15 +97,17 @@ def one_fault(tb: Testbed, hook: Webhook, stack: AlertStack, mitigator: Mitigato
     t0 = time.time()
     history_from = len(tracker.history)
     state: dict = {}
-    stop = threading.Event()
-    th = threading.Thread(target=fault_on, args=(tb, link, fault, out / "faulty" / "progress.jsonl", state, stop),
-                          daemon=True)
-    th.start()
+    sched = FaultScheduler(tb, [parse_scheduled(tb.fabric, f"{link}:{fault}@iter={FAULT_AT}")],
+                           out / "faulty" / "progress.jsonl", lambda m: None)
+    sched.start()
     try:
         first = run_job(tb, JobSpec(size=2 << 20, iterations=FAULTY_ITERATIONS, idle_ms=150), out / "faulty")
     finally:
-        stop.set()
-        th.join(timeout=10)
+        sched.stop.set()
+        sched.join(timeout=10)
+    if sched.errors:
+        raise RuntimeError(f"the fault did not go on: {sched.errors[0]}")
+    state["fault_on"] = sched.applied.get(link)
     drained_at_job_end = sorted(mitigator.drained())
     # the operator acts on the page: the on-call notification and the routing receiver's drain (a
     # localizing incident pages only after 30 s); whatever came, then quiet
