@@ -79,13 +79,17 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose if hasattr(args, "verbose") else 0, 2)
-    logging.basicConfig(level=min(level, logging.INFO) if getattr(args, "verbose", 0) else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # The project's own loggers (all under "flowpulse") at INFO; other libraries' only from WARNING
+    # (matplotlib's first import on a fresh machine logs its font cache at INFO, which broke the
+    # one-line error of bad input); -v: the project's at DEBUG; -vv: everything at DEBUG.
+    verbose = getattr(args, "verbose", 0)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("flowpulse").setLevel(logging.DEBUG if verbose else logging.INFO)
     if getattr(args, "log_json", False):
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonLogFormatter())
-    if getattr(args, "verbose", 0) >= 2:
+    if verbose >= 2:
         logging.getLogger().setLevel(logging.DEBUG)
     try:
         return int(args.func(args) or 0)

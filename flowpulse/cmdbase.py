@@ -23,7 +23,8 @@ def add_common(p: argparse.ArgumentParser, prefix: bool = True, json_out: bool =
                        help="testbed name prefix: every namespace and map of the testbed carries it (env FLOWPULSE_PREFIX)")
     if json_out:
         p.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more log detail on stderr")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more log detail on stderr: -v this tool's debug logs, -vv every library's too")
     p.add_argument("--log-json", action="store_true", help="logs on stderr as JSON lines (for journald, Loki, ...)")
 
 

@@ -2,6 +2,7 @@
 exit code that says which kind (2 input, 4 testbed state), no traceback, and nothing built or written."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,10 +133,14 @@ def namespaces() -> set[str]:
 
 
 @pytest.mark.parametrize("argv,code,word", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
-def test_bad_input_is_one_line_and_leaves_nothing(files, argv, code, word):
+def test_bad_input_is_one_line_and_leaves_nothing(files, argv, code, word, tmp_path):
     argv = [a.replace("{tmp}", str(files)) for a in argv] + (["--prefix", P] if needs_prefix(argv) else [])
     before = sorted(p.name for p in files.iterdir())
-    r = subprocess.run([sys.executable, "-m", "flowpulse", *argv], capture_output=True, text=True, timeout=120)
+    # matplotlib as on a fresh machine (no font cache yet: its first import logs at INFO, which once
+    # made a second line here on a new machine only)
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    r = subprocess.run([sys.executable, "-m", "flowpulse", *argv], capture_output=True, text=True, timeout=120,
+                       env=env)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == code, (r.returncode, r.stderr)
     assert len(lines) == 1 and word in lines[0], r.stderr
