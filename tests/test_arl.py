@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from agent.detector.arl import (H_GRID, LOG2_DELTA, TABLE_PATH, arl_brook_evans, budget_ln_arl, ln_arl_row,
-                                thresholds)
+from agent.detector.arl import H_GRID, LOG2_DELTA, TABLE_PATH, arl_brook_evans, ln_arl_row, thresholds
+from agent.detector.banksplit import budget_ln_arl
 
 
 def test_shipped_table_is_what_the_code_computes():

@@ -132,23 +132,6 @@ def ln_arl_at_zero(delta: np.ndarray) -> np.ndarray:
     return -log_ndtr(-np.asarray(delta) / 2.0)
 
 
-def budget_ln_arl(delta: np.ndarray, ln_alpha: float, extra: int = 0) -> float:
-    """ln of the ARL0 each CUSUM needs so that the switch's CUSUMs together false-alarm at rate alpha.
-
-    Bonferroni over the CUSUMs that can false-alarm at all: one whose shift is so large that
-    even h = 0 keeps it below the required rate (``ln ARL0(h=0) >= ln ARL``) is left out of the
-    count (it is given the floor threshold and adds at most its own tiny rate). ``extra``:
-    other CUSUMs of the switch (damaged frames) to count. Two passes settle the count.
-    """
-    cap = ln_arl_at_zero(delta.ravel())
-    n = cap.size + extra
-    ln_a = math.log(max(n, 1)) - ln_alpha
-    for _ in range(2):
-        n = int((cap < ln_a).sum()) + extra
-        ln_a = math.log(max(n, 1)) - ln_alpha
-    return ln_a
-
-
 def thresholds(delta: np.ndarray, ln_a: float) -> np.ndarray:
     """Thresholds h giving in-control ARL e^ln_a to CUSUMs with the given shifts (any shape).
 

@@ -4,10 +4,11 @@ The operator states one number: how many false alerts per day the whole fabric
 may raise (``fa_per_day``). With ``switches`` switches each closing
 ``pulse_hz`` pulses per second, every switch gets a per-pulse false-alarm
 probability ``alpha = fa_per_day / (86400 * pulse_hz * switches)``; inside a
-switch it is split evenly (Bonferroni) over the CUSUMs that judged the pulse
-(cells x loss magnitudes), so each CUSUM needs an in-control average run length
-``ARL0 = n_cusums / alpha`` pulses, and its threshold follows from
-:mod:`agent.detector.arl`.
+switch it is split evenly over the CUSUMs that judged the pulse (cells x loss
+magnitudes, a cell's bank of magnitudes counted as the effective members its
+correlation leaves: :mod:`agent.detector.banksplit`), so each CUSUM needs an
+in-control average run length ``ARL0 = n_effective / alpha`` pulses, and its
+threshold follows from :mod:`agent.detector.arl`.
 """
 from __future__ import annotations
 

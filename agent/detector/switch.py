@@ -12,7 +12,8 @@ Per pulse:
 2. the budget gives each CUSUM its ARL: ``ln ARL0 = ln(n_cusums / alpha)``
    with ``alpha`` the switch's per-pulse share of the fabric's daily false
    alerts (:mod:`agent.detector.config`), counting only the CUSUMs that can
-   false-alarm at that rate at all (:func:`agent.detector.arl.budget_ln_arl`);
+   false-alarm at that rate at all, and a cell's bank of magnitudes as the
+   members its correlation leaves (:func:`agent.detector.banksplit.budget_ln_arl`);
 3. each bank updates (:mod:`agent.detector.evidence`); cells over threshold
    become alerts, grouped per port;
 4. open alerts run their reverse test and resolve when repaired;
@@ -34,7 +35,7 @@ import numpy as np
 
 from agent.detector import persistence
 from agent.detector.alerts import Alert, AlertBook, AlertKind, CheckKind, OpenAlert
-from agent.detector.arl import budget_ln_arl
+from agent.detector.banksplit import budget_ln_arl
 from agent.detector.checks import Check, CorruptionCheck, HostCheck, PeerCheck, Samples, SpineCheck, TotalsPeerCheck
 from agent.detector.config import DetectorConfig, Model
 from agent.detector.evidence import CusumBank, Judgement, PoissonCusum
