@@ -34,20 +34,47 @@ RR, RRDST, RANDOM = SprayMode.RR, SprayMode.RRDST, SprayMode.RANDOM
 # -- statistics on synthetic streams ---------------------------------------------------------
 @pytest.mark.parametrize("spray", [RANDOM, RR, RRDST])
 def test_false_alarm_rate_matches_the_budget(spray):
-    """100,000 healthy switch-pulses at a budget of 1e-3 false alarms per switch-pulse:
-    the realised rate (alert events per pulse) lies within a factor of 2 of the design.
-    (Bonferroni over a bank of correlated CUSUMs is conservative; measured 0.68-1.1.)"""
-    alpha, pulses, n = 1e-3, 100_000, 10_000
+    """A budget of 1e-3 false alarms per switch-pulse means an in-control run length of 1,000 pulses
+    to the first false alert. Over 60 fresh detectors on healthy streams the mean run length is that
+    budget's within [1/1.5, 2]: rate = 1 / mean in [alpha / 2, 1.5 alpha] (measured 0.8-1.07 alpha,
+    standard error about 0.1 alpha).
+
+    The run length, not alert events per pulse: a false alert at these tiny shifts stays open for
+    hundreds of pulses (its repair test needs that many), and no new alert on its port is raised
+    meanwhile, so events per pulse read a rate well below the budget whatever the thresholds."""
+    alpha, n, reps = 1e-3, 10_000, 60
     cfg = DetectorConfig(fa_per_day=alpha * 86400, switches=1, rotations=2)
-    det = SwitchDetector(FABRIC, "leaf0", cfg, spray)
-    assert det.alpha == pytest.approx(alpha)
-    rng = np.random.default_rng(2)
-    alerts = 0
-    for _ in range(10):
-        for pc in leaf_pulses(spray, peer_prior(spray, n), n, pulses // 10, rng):
-            alerts += sum(a.event == "alert" for a in det.observe(pc))
-    rate = alerts / pulses
-    assert alpha / 2 <= rate <= 2 * alpha, (spray, rate)
+    rng = np.random.default_rng(5)
+    runs = []
+    for _ in range(reps):
+        det = SwitchDetector(FABRIC, "leaf0", cfg, spray)
+        assert det.alpha == pytest.approx(alpha)
+        t, alerted = 0, False
+        while not alerted and t < 20_000:
+            for pc in leaf_pulses(spray, peer_prior(spray, n), n, 250, rng):
+                t += 1
+                if any(a.event == "alert" for a in det.observe(pc)):
+                    alerted = True
+                    break
+        runs.append(t)
+    rate = 1.0 / float(np.mean(runs))
+    assert alpha / 2 <= rate <= 1.5 * alpha, (spray, rate / alpha)
+
+
+@pytest.mark.parametrize("spray", [RANDOM, RR, RRDST])
+def test_noise_factor_is_learned_unbiased(spray):
+    """3,000 healthy pulses: the learned noise factor is the stream's true one within 4 standard
+    errors of its estimate (``sqrt(2 / samples)``). A gate that read the CUSUMs after they took a
+    pulse's deficits learned random spraying's factor 0.67 and round-robin's 6% low."""
+    n = 10_000
+    det = SwitchDetector(FABRIC, "leaf0", DetectorConfig(fa_per_day=1e-3 * 86400, switches=1, rotations=2), spray)
+    for pc in leaf_pulses(spray, peer_prior(spray, n), n, 3000, np.random.default_rng(1)):
+        det.observe(pc)
+    noise = det.checks[0].noise
+    k = int(np.argmax(noise.n))
+    assert noise.n[k] > 1000
+    truth = peer_prior(spray, n)
+    assert noise.phis[k] == pytest.approx(truth, rel=4 * math.sqrt(2 / noise.n[k])), (noise.phis[k], noise.n[k])
 
 
 @pytest.mark.parametrize("spray,n,p", [(RR, 10_000, 0.01), (RR, 10_000, 0.005), (RANDOM, 160_000, 0.01),
@@ -59,7 +86,7 @@ def test_delay_within_1_2_of_cusum_theory(spray, n, p):
     theta = p w (1 - w) n / sqrt(V) with known variance V, at the same per-switch false-alarm
     rate (threshold for ARL0 = cells / alpha). Its delay is the Brook-Evans zero-start ARL
     with x ~ N(theta, 1 + mu (1 - w) / V) (the loss itself adds binomial noise, mu = p w (1-w) n).
-    The detector's bank over fixed magnitudes and its Bonferroni split may cost up to 20%."""
+    The detector's bank over fixed magnitudes and the budget's split over it may cost up to 20%."""
     cfg = DetectorConfig(rotations=2)
     phi = peer_prior(spray, n)
     wq = 0.25 * 0.75
