@@ -40,8 +40,8 @@ class DetectorConfig:
     fa_per_day: float = 1.0            # false alerts per day, whole fabric
     pulse_hz: float = 1.0              # pulses (collective iterations) per second per switch, for the budget
     switches: int | None = None        # switches sharing the budget (default: the fabric's)
-    magnitudes: tuple[float, ...] = (0.0025, 0.005, 0.01, 0.02)  # loss rates the CUSUM bank is tuned to
-    min_rate: float = 0.001            # an alarm whose estimated rate is below this is not raised
+    magnitudes: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.02)  # loss rates the CUSUM bank is tuned to
+    min_rate: float = 0.0005           # an alarm whose estimated rate is below this is not raised
     min_pulse_pkts: int = 200          # smaller pulses are background (pings, ARP): not judged
     min_cell_pkts: int = 20            # a cell (port, source) needs this many packets in a pulse
     fragment_share: float = 0.75       # a pulse below this share of the usual size is a stall's part: held and
