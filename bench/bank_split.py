@@ -34,24 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.detector.arl import ln_arl_at_zero, thresholds  # noqa: E402
 from agent.detector.banksplit import effective_members, pair_g  # noqa: E402
 from agent.detector.config import DetectorConfig  # noqa: E402
+from tests.montecarlo import bank_run_lengths  # noqa: E402
 
 
 def bank_run_length(d: np.ndarray, ln_a: float, n: int, seed: int) -> float:
     """Mean pulses to the bank's first false alarm over n runs (members on one stream per run)."""
-    h = thresholds(d, ln_a)
-    rng = np.random.default_rng(seed)
-    stat = np.zeros((n, d.size))
-    stop = np.zeros(n)
-    alive = np.ones(n, bool)
-    t = 0
-    while alive.any():
-        t += 1
-        idx = np.flatnonzero(alive)
-        stat[idx] = np.maximum(0.0, stat[idx] + d * rng.standard_normal(idx.size)[:, None] - d * d / 2)
-        hit = idx[(stat[idx] > h).any(axis=1)]
-        stop[hit] = t
-        alive[hit] = False
-    return float(stop.mean())
+    return float(bank_run_lengths(d, thresholds(d, ln_a), n, seed).mean())
 
 
 def main(argv: list[str] | None = None) -> int:

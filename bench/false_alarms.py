@@ -28,30 +28,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import agent.detector.switch as switch_mod  # noqa: E402
-from agent.detector import DetectorConfig, SwitchDetector  # noqa: E402
+from agent.detector import DetectorConfig  # noqa: E402
 from agent.detector.banksplit import budget_ln_arl  # noqa: E402
-from agent.detector.checks import peer_prior  # noqa: E402
 from netns_testbed.errors import SpecError  # noqa: E402
 from netns_testbed.topo import SprayMode  # noqa: E402
-from tests.synthetic import FABRIC, leaf_pulses  # noqa: E402
+from tests.synthetic import run_lengths  # noqa: E402
 
 CAP = 50_000       # pulses; a run that reaches it counts as that long (censored: the rate reads low)
-
-
-def run_lengths(spray: SprayMode, cfg: DetectorConfig, reps: int, n: float, seed: int) -> list[int]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(reps):
-        det = SwitchDetector(FABRIC, "leaf0", cfg, spray)
-        t, alerted = 0, False
-        while not alerted and t < CAP:
-            for pc in leaf_pulses(spray, peer_prior(spray, n), n, 250, rng):
-                t += 1
-                if any(a.event == "alert" for a in det.observe(pc)):
-                    alerted = True
-                    break
-        out.append(t)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                     lambda d, la, extra=0: budget_ln_arl(np.asarray(d).ravel(), la, extra))
         for spray in a.sprays:
             print(f"false_alarms: {split} {spray}: {a.reps} runs ...", file=sys.stderr, flush=True)
-            rl = np.array(run_lengths(SprayMode(spray), cfg, a.reps, a.packets, a.seed), dtype=float)
+            rl = np.array(run_lengths(SprayMode(spray), cfg, a.reps, a.packets, a.seed, CAP), dtype=float)
             mean = float(rl.mean())
             rows.append({"split": split, "spray": spray, "runs": a.reps, "mean_run_length": round(mean, 1),
                          "rate_over_budget": round(1 / mean / a.alpha, 3),

@@ -73,3 +73,24 @@ def repair_run(rng, delta: float, ln_a: float, repair_at: int | None, n_max: int
         if rep.update([(r, v, s)], 1.5 * mu / s, MIN_RATE, ln_a, math.log(CLEAR_LR)):
             return t if repair_at is None else t - repair_at
     return None
+
+
+def run_lengths(spray: SprayMode, cfg: DetectorConfig, reps: int, n: float, seed: int, cap: int = 50_000) -> list[int]:
+    """Per fresh detector (leaf0) on healthy pulses, the pulses to its first alert (``cap`` if none came:
+    such a run is censored and reads short)."""
+    from agent.detector import SwitchDetector
+    from agent.detector.checks import peer_prior
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(reps):
+        det = SwitchDetector(FABRIC, "leaf0", cfg, spray)
+        t, alerted = 0, False
+        while not alerted and t < cap:
+            for pc in leaf_pulses(spray, peer_prior(spray, n), n, 250, rng, rotations=cfg.rotations or 2):
+                t += 1
+                if any(a.event == "alert" for a in det.observe(pc)):
+                    alerted = True
+                    break
+        out.append(t)
+    return out

@@ -9,6 +9,7 @@ import pytest
 
 from agent.detector.arl import H_GRID, LOG2_DELTA, TABLE_PATH, arl_brook_evans, ln_arl_row, thresholds
 from agent.detector.banksplit import budget_ln_arl
+from tests.montecarlo import bank_run_lengths
 
 
 def test_shipped_table_is_what_the_code_computes():
@@ -22,19 +23,7 @@ def test_shipped_table_is_what_the_code_computes():
 @pytest.mark.parametrize("delta,h", [(1.0, 4.0), (0.3, 3.0), (3.0, 3.0)])
 def test_brook_evans_matches_monte_carlo(delta, h):
     """The Markov-chain ARL against 20,000 simulated CUSUM runs (standard error ~0.7%)."""
-    rng = np.random.default_rng(0)
-    n = 20000
-    stat = np.zeros(n)
-    stop = np.zeros(n)
-    alive = np.ones(n, bool)
-    t = 0
-    while alive.any():
-        t += 1
-        idx = np.flatnonzero(alive)
-        stat[idx] = np.maximum(0, stat[idx] + delta * rng.standard_normal(idx.size) - delta * delta / 2)
-        hit = idx[stat[idx] > h]
-        stop[hit] = t
-        alive[hit] = False
+    stop = bank_run_lengths(np.array([delta]), np.array([h]), 20000, seed=0)
     assert stop.mean() == pytest.approx(arl_brook_evans(delta, h), rel=0.03)
 
 

@@ -1,9 +1,5 @@
-"""The bank's budget split (agent/detector/banksplit.py) against Monte Carlo with known truth.
-
-The CUSUMs are simulated as the detector runs them: every member of a bank on the same standard
-normal stream ``x`` (the standardised deficit, in control), ``S <- max(0, S + d x - d^2 / 2)``,
-alarm above ``h``.
-"""
+"""The bank's budget split (agent/detector/banksplit.py) against Monte Carlo with known truth
+(tests/montecarlo.py: the CUSUMs simulated as the detector runs them)."""
 from __future__ import annotations
 
 import json
@@ -15,26 +11,7 @@ import pytest
 from agent.detector.arl import thresholds
 from agent.detector.banksplit import (P_LN_ARL, P_LOG2_DELTA, P_RATIO, PAIR_TABLE, _g_row, budget_ln_arl,
                                       effective_members, pair_g)
-
-
-def first_alarms(d: np.ndarray, h: np.ndarray, n: int, seed: int, until_any: bool = False) -> np.ndarray:
-    """(n, members) pulses to each member's first alarm; all members driven by one stream per run.
-    ``until_any``: a run stops at its first alarm of any member (the others stay 0)."""
-    rng = np.random.default_rng(seed)
-    stat = np.zeros((n, d.size))
-    first = np.zeros((n, d.size))
-    alive = np.ones(n, bool)
-    t = 0
-    while alive.any():
-        t += 1
-        idx = np.flatnonzero(alive)
-        x = rng.standard_normal(idx.size)[:, None]
-        stat[idx] = np.maximum(0.0, stat[idx] + d[None, :] * x - d[None, :] ** 2 / 2)
-        new = (stat[idx] > h[None, :]) & (first[idx] == 0)
-        first[idx] = np.where(new, t, first[idx])
-        done = (first[idx] > 0).any(axis=1) if until_any else (first[idx] > 0).all(axis=1)
-        alive[idx] = ~done
-    return first
+from tests.montecarlo import bank_run_lengths, first_alarms
 
 
 def mc_g(first: np.ndarray) -> float:
@@ -80,12 +57,12 @@ def test_a_bank_false_alarms_at_its_budget_not_below_it():
     ln_alpha = -7.0
     ln_a = budget_ln_arl(d.reshape(-1, 1), ln_alpha)
     assert math.log(2.5) < ln_a + ln_alpha < math.log(4.0)        # counted as about 3 of its 5 members
-    first = first_alarms(d, thresholds(d, ln_a), 3000, seed=3, until_any=True).max(axis=1)
+    first = bank_run_lengths(d, thresholds(d, ln_a), 3000, seed=3)
     target = math.exp(-ln_alpha)
     se = first.std() / math.sqrt(first.size)
     assert first.mean() >= target - 3 * se, (first.mean(), target)
     assert first.mean() <= 1.2 * target, (first.mean(), target)
-    bonf = first_alarms(d, thresholds(d, math.log(5.0) - ln_alpha), 3000, seed=4, until_any=True).max(axis=1)
+    bonf = bank_run_lengths(d, thresholds(d, math.log(5.0) - ln_alpha), 3000, seed=4)
     assert bonf.mean() > 1.4 * target, (bonf.mean(), target)
 
 
