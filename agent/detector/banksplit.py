@@ -159,7 +159,7 @@ def _g_row(ratio_q: float, ln_a_q: float) -> np.ndarray:
     la = min(max(ln_a_q, P_LN_ARL[0]), P_LN_ARL[-1])
     out = np.empty(len(P_LOG2_DELTA))
     for i in range(len(P_LOG2_DELTA)):
-        # bilinear in (ratio, ln ARL); a grid point's neighbours rounded the safe way (g grows with both)
+        # bilinear in (ratio, ln ARL)
         by_r = np.array([np.interp(la, P_LN_ARL, g[i, k]) for k in range(len(P_RATIO))])
         out[i] = float(np.interp(r, P_RATIO, by_r))
     return np.minimum(2.0, np.maximum(1.0, out))
@@ -172,7 +172,12 @@ def effective_members(delta: np.ndarray, ln_a: float) -> np.ndarray:
     their adjacent pairs in order of shift.
     """
     d = np.sort(np.asarray(delta, dtype=float).reshape(delta.shape[0], -1), axis=0)
-    live = ln_arl_at_zero(d) < ln_a
+    return _effective(d, ln_arl_at_zero(d), ln_a)
+
+
+def _effective(d: np.ndarray, cap: np.ndarray, ln_a: float) -> np.ndarray:
+    """:func:`effective_members` of shifts already sorted along the members, with their ``ln_arl_at_zero``."""
+    live = cap < ln_a
     n = live.sum(axis=0).astype(float)
     for k in range(d.shape[0] - 1):
         both = live[k] & live[k + 1]
@@ -180,7 +185,8 @@ def effective_members(delta: np.ndarray, ln_a: float) -> np.ndarray:
             continue
         lo, hi = d[k, both], d[k + 1, both]
         ratio = float(np.median(hi / lo))     # one ratio per pair of magnitudes (the cells' shifts scale alike)
-        row = _g_row(math.ceil(ratio * 8 - 1e-9) / 8, math.ceil(ln_a * 4) / 4)   # rounded up: g grows with both
+        # ratio and ln ARL rounded up (g mostly grows with both: see the module's docstring)
+        row = _g_row(math.ceil(ratio * 8 - 1e-9) / 8, math.ceil(ln_a * 4) / 4)
         g = np.interp(np.log2(np.maximum(lo, 1e-12)), P_LOG2_DELTA, row)
         n[both] -= 2.0 - g
     return n
@@ -190,17 +196,20 @@ def budget_ln_arl(delta: np.ndarray, ln_alpha: float, extra: int = 0) -> float:
     """ln of the ARL0 each CUSUM needs so that the switch's CUSUMs together false-alarm at rate alpha.
 
     ``delta``: the shifts, (members, cells) for banks of magnitudes (members in any order), or 1-D for
-    CUSUMs counted as independent. Each cell counts as its bank's effective members
+    CUSUMs counted as independent (a bank of one). Each cell counts as its bank's effective members
     (:func:`effective_members`); ``extra``: other CUSUMs of the switch (damaged frames) to count.
-    The count depends on the ARL it sets, so a few passes settle it (it only falls as ``ln A`` falls).
+    The count depends on the ARL it sets, so up to three passes settle it (it only falls as ``ln A``
+    falls); a pass that leaves it as it was ends them.
     """
     d = np.asarray(delta, dtype=float)
-    d = d.reshape(1, -1) if d.ndim == 1 else d.reshape(d.shape[0], -1)
-    cap = ln_arl_at_zero(d)
+    d = np.sort(d.reshape(1, -1) if d.ndim == 1 else d.reshape(d.shape[0], -1), axis=0)
+    cap = ln_arl_at_zero(d)                    # once: the passes differ only in ln A
     n = float(d.size + extra)
     ln_a = math.log(max(n, 1.0)) - ln_alpha
     for _ in range(3):
-        n = float(effective_members(d, ln_a).sum()) + extra if d.shape[0] > 1 else float((cap < ln_a).sum()) + extra
+        before, n = n, float(_effective(d, cap, ln_a).sum()) + extra
+        if n == before:
+            break
         ln_a = math.log(max(n, 1.0)) - ln_alpha
     return ln_a
 
