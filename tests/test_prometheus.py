@@ -46,8 +46,10 @@ def stop_all(stop: threading.Event, sched, stack: AlertStack, hook: Webhook,
 
 def test_rules_check_and_unit_tests():
     assert PROMTOOL, "promtool missing: scripts/setup.sh installs Debian's prometheus package"
-    r = subprocess.run([PROMTOOL, "check", "rules", str(DEPLOY / "prometheus" / "flowpulse.rules.yml")],
-                       capture_output=True, text=True)
+    # lint fatal: two rules with one name and one set of static labels (promtool's duplicate-rules)
+    # are ambiguous to whatever routes on those labels
+    r = subprocess.run([PROMTOOL, "check", "rules", "--lint=all", "--lint-fatal",
+                        str(DEPLOY / "prometheus" / "flowpulse.rules.yml")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     r = subprocess.run([PROMTOOL, "test", "rules", "flowpulse.rules.test.yml"], cwd=DEPLOY / "prometheus",
                        capture_output=True, text=True)
