@@ -16,6 +16,11 @@ and maps (unit tests, the libbpf layer, the C contract), fabric build and teardo
 against the kernel's statistics, every fault kind with the BPF injector and with netem, the agents live
 and asleep between pulses, the site agent, and real jobs caught and named. Each kernel needs its
 headers on this machine (BCC compiles against them in the guest): apt-get install linux-headers-K.
+
+Each guest gets ``--mem`` MiB (default 6144; the test command's own guest pass keeps guest-test.sh's
+3072): the real-job tests run 8 ranks, and a DDP rank of the 8 MiB job peaks at about 540 MiB (a 4 MiB
+allreduce rank at about 230), which 3 GiB could not hold: the kernel killed a rank (``exit -9``; the
+guest's log now names what the kernel killed, and ``--keep`` keeps its dmesg).
 """
 from __future__ import annotations
 
@@ -54,12 +59,13 @@ def failures(pytest_log: str) -> list[str]:
             if line.startswith(("FAILED ", "ERROR "))]
 
 
-def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None) -> dict:
+def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None, mem_mib: int = 6144) -> dict:
     t0 = time.monotonic()
     kept = (keep / version) if keep is not None else None
     # The guest's own limit (guest-test.sh --timeout, 30 min unless told) is this run's: the whole selection
     # takes hours emulated, and a guest killed at 30 min reported nothing past that.
     argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
+            "--mem", str(mem_mib),
             *(["--keep", str(kept)] if kept else []),
             "--", "--timeout=900", "-rfEs", *selection]
     print(f"kernel_matrix: {version}: {' '.join(selection)}", file=sys.stderr, flush=True)
@@ -77,6 +83,9 @@ def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = 
     print(f"kernel_matrix: {version}: {row['summary']} ({row['minutes']} min)", file=sys.stderr, flush=True)
     for name in row.get("failed_tests", []):
         print(f"kernel_matrix: {version}: failed: {name}", file=sys.stderr, flush=True)
+    for line in text.splitlines():           # processes the guest's kernel killed (an OOM kill)
+        if line.startswith("guest: kernel: "):
+            print(f"kernel_matrix: {version}: {line[len('guest: '):]}", file=sys.stderr, flush=True)
     return row
 
 
@@ -94,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-min", type=int, default=240, help="per kernel, minutes")
     ap.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
     ap.add_argument("--keep", type=Path, help="keep each guest's logs in DIR/<kernel>/ and name the failed tests")
+    ap.add_argument("--mem", type=int, default=6144, help="guest memory in MiB (default 6144: 8 DDP ranks)")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
     args = ap.parse_args(argv)
-    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep) for k in (args.kernel or KERNELS)]
+    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in (args.kernel or KERNELS)]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except vm.Stopped:
         print("guest-test: stopped (SIGTERM); the guest was killed", file=sys.stderr)
         return 143
+    for line in res.guest_log.splitlines():     # processes the kernel killed (an OOM kill): always said
+        if line.startswith("guest: kernel: "):
+            print(line, file=sys.stderr)
     if args.json:
         print(json.dumps({"kernel": version, "rc": res.rc, "summary": res.summary, "seconds": round(res.seconds, 1)}))
     else:

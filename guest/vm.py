@@ -66,6 +66,10 @@ echo "guest: ${FLOWPULSE_SLOWDOWN}x slower than the host (FLOWPULSE_SLOWDOWN)"
 start=$(date +%%s)
 %(python)s -m pytest -q -p no:cacheprovider "${args[@]}" > $R/pytest.log 2>&1
 rc=$?
+# the kernel's messages (the console shows only the critical ones): an OOM kill, a BPF verifier or
+# netlink complaint; the processes the kernel killed are named in the run's log
+dmesg > $R/dmesg.log 2>&1
+grep -i 'killed process' $R/dmesg.log | sed 's/^/guest: kernel: /'
 # a failed run's test directories (job and rank logs, recorded pulses) live in this tmpfs: keep them
 [ $rc -ne 0 ] && [ -d /run/tmp/pytest-of-root ] && cp -a /run/tmp/pytest-of-root $R/pytest-tmp
 echo $rc > $R/rc
@@ -179,7 +183,8 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
                 ((guest_log or console_text).strip().splitlines() or ["no output"])[-1]
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
-            for name, text in (("pytest.log", pytest_log), ("guest.log", guest_log), ("console.log", console_text)):
+            for name, text in (("pytest.log", pytest_log), ("guest.log", guest_log), ("console.log", console_text),
+                               ("dmesg.log", read(share / "dmesg.log"))):
                 (keep / name).write_text(text)
             if (share / "pytest-tmp").is_dir():      # a failed run's test directories (run.sh copied them)
                 shutil.rmtree(keep / "pytest-tmp", ignore_errors=True)

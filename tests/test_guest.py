@@ -98,6 +98,34 @@ def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
     # the guest's pace against the host's, exported before pytest starts
     slow = text.index("export FLOWPULSE_SLOWDOWN=$(/r/.venv/bin/python -m netns_testbed.slowdown --against 0.0500)")
     assert slow < text.index("-m pytest")
+    # the kernel's messages are kept (the console shows only critical ones) and what it killed is named
+    # in the guest's log: a rank killed by the OOM killer read only "exit -9" before
+    assert text.index("-m pytest") < text.index("dmesg > $R/dmesg.log") < text.index("echo $rc > $R/rc")
+    assert "grep -i 'killed process' $R/dmesg.log | sed 's/^/guest: kernel: /'" in text
+
+
+def test_kernel_matrix_gives_the_guest_its_memory_and_names_what_the_kernel_killed(monkeypatch, capsys):
+    import importlib.util
+    import subprocess
+
+    spec = importlib.util.spec_from_file_location("kernel_matrix", Path(__file__).resolve().parents[1] / "bench" / "kernel_matrix.py")
+    km = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(km)
+    seen = {}
+
+    def fake_run(argv, **kw):
+        seen["argv"] = argv
+        out = ("guest: kernel: [  301.2] Out of memory: Killed process 812 (python) total-vm:1200000kB\n"
+               "guest 6.12.107+deb12-amd64: 1 failed in 372.00s (0:06:12) (390 s in the guest)\n")
+        return subprocess.CompletedProcess(argv, 1, out, "")
+
+    monkeypatch.setattr(km.subprocess, "run", fake_run)
+    row = km.run("6.12.107+deb12-amd64", ["tests/test_localize_live.py"], 600, None, 6144)
+    argv = seen["argv"]
+    assert argv[argv.index("--mem") + 1] == "6144" and argv.index("--mem") < argv.index("--")
+    assert row["failed"] == 1 and row["hook"] == "tcx"
+    err = capsys.readouterr().err
+    assert "kernel_matrix: 6.12.107+deb12-amd64: kernel: [  301.2] Out of memory: Killed process 812" in err
 
 
 def test_the_run_script_hides_nothing_a_checkout_under_tmp_needs():
