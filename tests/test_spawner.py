@@ -36,3 +36,14 @@ def test_a_spawner_killed_before_forking_fails_every_rank_with_its_status(tmp_pa
     finally:
         sp.kill()
     assert sp.pids == {}
+
+
+def test_a_rank_killed_by_a_signal_it_was_not_sent_is_named_with_the_signal(tmp_path):
+    """In a 3 GiB guest the OOM killer took a DDP rank: the job said only "exit -9"."""
+    from workload.launcher import _failure_text
+
+    (tmp_path / "rank4.log").write_text("[W socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved\n")
+    text = _failure_text(tmp_path, 4, -9)
+    assert text.startswith("killed by SIGKILL (the kernel's OOM killer, if dmesg says so): [W socket.cpp:207]"), text
+    assert _failure_text(tmp_path, 4, -11).startswith("killed by SIGSEGV: "), _failure_text(tmp_path, 4, -11)
+    assert _failure_text(tmp_path, 4, 1).startswith("exit 1: "), _failure_text(tmp_path, 4, 1)

@@ -280,6 +280,10 @@ def _failure_text(out_dir: Path, r: int, code: int) -> str:
     for log_file in (out_dir / f"rank{r}.log", out_dir / "spawner.log"):  # the spawner's if the rank never ran
         if not tail and log_file.exists():
             tail = log_file.read_text(errors="replace").strip().splitlines()[-1:]
+    if code < 0:      # the first rank to fail was killed by a signal the launcher had not sent
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        hint = " (the kernel's OOM killer, if dmesg says so)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}: {tail[0] if tail else 'no output'}"
     return f"exit {code}: {tail[0] if tail else 'no output'}"
 
 
