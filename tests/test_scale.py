@@ -29,3 +29,25 @@ def test_without_a_0_1_percent_member_it_is_not_caught():
     """The bank before (0.25-2%): the 0.25% CUSUM's drift is negative at 0.1%, nothing accumulates."""
     r = one(0, DetectorConfig(magnitudes=(0.0025, 0.005, 0.01, 0.02), min_rate=0.001))
     assert not r["detected"], r
+
+
+def test_the_floors_mixture_keeps_its_budget_and_is_slower_than_the_told_the_link_cusum():
+    """The bench's floor (bench/scale.py ``floor``) must not flatter a target: the Shiryaev-Roberts
+    mixture's sum less ``ports x n`` is a martingale with no change, so its null ARL is at least its
+    threshold over the ports (optional stopping), and the calibrated ``kappa`` says by how much; told
+    the rate but not the port, it cannot beat the CUSUM told both at the same ARL (Lorden's bound)."""
+    import math
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    ports, delta, ln_b = 8, 1.0, 5.0
+    t = scale._sr_mixture_run(ports, delta, ln_b, 2000, rng, faulty=False)
+    se = t.std() / math.sqrt(t.size)
+    assert t.mean() + 3 * se >= math.exp(ln_b) / ports, (t.mean(), se)
+    # the floor at a budget of e^8 per switch-pulse, 8 ports, a shift of 1 sd per iteration (rate 1%,
+    # 10,000 packets per uplink, 64 spines): the mixture or the per-port CUSUMs, above the told-the-link CUSUM
+    floor, kappa = scale.floor_iters(0.01, 9844, 64, ports, 8.0, reps=2000, seed=1)
+    told = scale.optimal_iters(0.01, 9844, 64, 8.0)
+    assert 1.0 < kappa < 6.0, kappa
+    assert floor > told, (floor, told)
