@@ -113,11 +113,16 @@ def trial(spines: int, spray: str, rate: float, seed: int, size: int, onset: int
             "packets_per_uplink": model.pkts * hosts // spines}
 
 
+def uplink_shift(rate: float, packets_per_uplink: int, spines: int) -> float:
+    """A loss ``rate``'s shift of one uplink's count per iteration, in sd of the multinomial's null
+    (``Var = n (1 - w)``, ``w = 1 / spines``)."""
+    return rate * math.sqrt(packets_per_uplink / (1.0 - 1.0 / spines))
+
+
 def optimal_iters(rate: float, packets_per_uplink: int, spines: int, ln_arl: float) -> float:
     """Expected iterations the optimal CUSUM needs (see the module's text): the change falls in the
     first faulty iteration, so its delay from a zero start plus that one."""
-    w = 1.0 / spines
-    delta = rate * math.sqrt(packets_per_uplink / (1.0 - w))
+    delta = uplink_shift(rate, packets_per_uplink, spines)
     h = float(thresholds(np.array([delta]), ln_arl)[0])
     return 1.0 + arl_brook_evans(delta, h, shift=delta)
 
@@ -149,8 +154,7 @@ def floor_iters(rate: float, packets_per_uplink: int, spines: int, ports: int, l
     the module's text) at in-control ARL ``e^ln_arl``, told the rate but not the port; returns
     (iterations, the mixture's kappa)."""
     rng = np.random.default_rng(seed)
-    w = 1.0 / spines
-    delta = rate * math.sqrt(packets_per_uplink / (1.0 - w))
+    delta = uplink_shift(rate, packets_per_uplink, spines)
     kappas = []
     for ln_b in (9.0, 10.0):
         t = _sr_mixture_run(ports, delta, ln_b, 300, rng, faulty=False)
