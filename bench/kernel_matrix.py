@@ -38,6 +38,7 @@ SELECTION = ["tests/test_datapath_unit.py", "tests/test_bpfmaps.py", "tests/test
              "tests/test_counting_object.py",
              "tests/test_fabric.py", "tests/test_silent_faults.py", "tests/test_netem.py", "tests/test_agent_live.py",
              "tests/test_wakeups.py", "tests/test_site_agent.py", "tests/test_localize_live.py"]
+GUEST_MEM_MIB = 6144     # 8 DDP ranks of the 8 MiB job (see the module's text)
 SUMMARY = re.compile(r"^guest (\S+): (.*) in [0-9.]+s")
 
 
@@ -59,7 +60,7 @@ def failures(pytest_log: str) -> list[str]:
             if line.startswith(("FAILED ", "ERROR "))]
 
 
-def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None, mem_mib: int = 6144) -> dict:
+def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None, mem_mib: int = GUEST_MEM_MIB) -> dict:
     t0 = time.monotonic()
     kept = (keep / version) if keep is not None else None
     # The guest's own limit (guest-test.sh --timeout, 30 min unless told) is this run's: the whole selection
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-min", type=int, default=240, help="per kernel, minutes")
     ap.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
     ap.add_argument("--keep", type=Path, help="keep each guest's logs in DIR/<kernel>/ and name the failed tests")
-    ap.add_argument("--mem", type=int, default=6144, help="guest memory in MiB (default 6144: 8 DDP ranks)")
+    ap.add_argument("--mem", type=int, default=GUEST_MEM_MIB,
+                    help=f"guest memory in MiB (default {GUEST_MEM_MIB}: 8 DDP ranks)")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
     args = ap.parse_args(argv)
     rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in (args.kernel or KERNELS)]
