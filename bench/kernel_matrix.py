@@ -14,8 +14,9 @@ emulated: no KVM here); CI's test command keeps its 6.1 pass.
 The default selection is every root test whose outcome the kernel can change: the datapath's programs
 and maps (unit tests, the libbpf layer, the C contract), fabric build and teardown with the counters
 against the kernel's statistics, every fault kind with the BPF injector and with netem, the agents live
-and asleep between pulses, the site agent, and real jobs caught and named. Each kernel needs its
-headers on this machine (BCC compiles against them in the guest): apt-get install linux-headers-K.
+and asleep between pulses, the site agent, and real jobs caught and named. Each kernel's image and
+headers are downloaded and unpacked into the guest's cache (BCC compiles against them in the guest);
+nothing is installed on this machine.
 
 Each guest gets ``--mem`` MiB (default 6144; the test command's own guest pass keeps guest-test.sh's
 3072): the real-job tests run 8 ranks, and a DDP rank of the 8 MiB job peaks at about 540 MiB (a 4 MiB

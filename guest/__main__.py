@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             raise EnvironmentProblem("the guest runs its tests as root over the host's root filesystem: run with sudo")
         version = kernel.check_version(args.kernel) if args.kernel else kernel.default_version()
-        kernel.headers_for(version)
         tree = kernel.fetch(version, cache_dir(), log)
         res = vm.run(tree, args.pytest_args or DEFAULT_TESTS, args.cpus, args.mem, args.timeout, args.keep, log)
     except SpecError as e:

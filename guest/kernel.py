@@ -1,5 +1,6 @@
-"""A distribution kernel for the guest: fetched by package name, unpacked, its modules indexed,
-and a busybox initramfs that mounts the host's root over 9p with a tmpfs overlay."""
+"""A distribution kernel for the guest: its image and headers fetched by package name and unpacked
+(never installed here), its modules indexed, and a busybox initramfs that mounts the host's root over 9p
+with a tmpfs overlay."""
 from __future__ import annotations
 
 import gzip
@@ -47,7 +48,8 @@ exec $B switch_root /newroot /bin/bash /flowpulse-guest/run.sh
 
 @dataclass(frozen=True)
 class KernelTree:
-    """An unpacked kernel package: ``root`` holds ``boot/`` and ``lib/modules/<version>/``."""
+    """An unpacked kernel and its headers: ``root`` holds ``boot/``, ``lib/modules/<version>/`` and ``usr/``
+    (``src/linux-headers-*``, ``lib/linux-kbuild-*``)."""
 
     version: str
     root: Path
@@ -59,6 +61,16 @@ class KernelTree:
     @property
     def modules(self) -> Path:
         return self.root / "lib" / "modules" / self.version
+
+    @property
+    def headers(self) -> Path:
+        """The headers BCC compiles against in the guest (``/lib/modules/<version>/build`` points there)."""
+        return self.root / "usr" / "src" / f"linux-headers-{self.version}"
+
+    def complete(self) -> bool:
+        """Whether the image, its module index and the headers are all unpacked (a cache from before the
+        headers came from here has only the first two, and is fetched again)."""
+        return (self.modules / "modules.dep").exists() and self.vmlinuz.exists() and (self.headers / "Makefile").exists()
 
     def builtin(self, name: str) -> bool:
         """Whether the kernel has ``name`` built in (modules.builtin: 6.12's virtio, for one), no .ko to load."""
@@ -130,38 +142,60 @@ def check_version(version: str) -> str:
     return version
 
 
-def headers_for(version: str) -> Path:
-    """The headers BCC compiles against inside the guest (``/lib/modules/<version>/build``)."""
-    build = Path("/usr/src") / f"linux-headers-{version}"
-    if not build.is_dir():
-        raise EnvironmentProblem(f"no headers for {version} on this machine: apt-get install linux-headers-{version}")
-    return build
+# The headers package's own dependencies that hold files BCC reads: the arch-independent headers and kbuild's
+# scripts (the image, gcc and linux-base it also depends on are not needed in the guest).
+HEADER_DEPS = re.compile(r"(?<![\w.+-])(linux-headers-[0-9][^\s,|()]*-common|linux-kbuild-[0-9][^\s,|()]*)")
+
+
+def header_packages(depends: str) -> list[str]:
+    """From ``linux-headers-<version>``'s Depends field, the packages its headers point into (-common, kbuild)."""
+    return sorted(set(HEADER_DEPS.findall(depends)))
+
+
+def _download(pkgs: list[str], into: Path) -> list[Path]:
+    """``apt-get download`` each package into ``into`` (apt's sandbox user would not be able to write there)."""
+    r = subprocess.run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", *pkgs], cwd=into,
+                       capture_output=True, text=True)
+    debs = [next(iter(into.glob(f"{pkg}_*.deb")), None) for pkg in pkgs]
+    if r.returncode != 0 or None in debs:
+        msg = (r.stderr.strip().splitlines() or ["apt-get download failed"])[-1]
+        raise EnvironmentProblem(f"cannot download {' '.join(pkgs)} ({msg}): check apt's sources or pick another --kernel")
+    return debs
 
 
 def fetch(version: str, cache: Path, log=print) -> KernelTree:
-    """``linux-image-<version>`` downloaded with apt, unpacked and depmod'ed under ``cache`` (once)."""
+    """The kernel's image and its headers, downloaded with apt, unpacked and depmod'ed under ``cache``
+    (once). Nothing is installed on this machine: ``linux-headers-<version>`` depends on the kernel's image
+    (and through it udev and initramfs-tools), so installing the headers for a guest would install a second
+    kernel here; unpacked into the cache, they are mounted over ``/usr/src`` in the guest only."""
     tree = KernelTree(version, cache / version)
-    if (tree.modules / "modules.dep").exists() and tree.vmlinuz.exists():
+    if tree.complete():
         return tree
     cache.mkdir(parents=True, exist_ok=True)
-    pkg = f"linux-image-{version}"
     dl = cache / "download"
     shutil.rmtree(dl, ignore_errors=True)
     dl.mkdir()
-    log(f"guest: downloading {pkg}")
-    r = subprocess.run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", pkg], cwd=dl,
-                       capture_output=True, text=True)
-    debs = list(dl.glob(f"{pkg}_*.deb"))
-    if r.returncode != 0 or not debs:
-        msg = (r.stderr.strip().splitlines() or ["apt-get download failed"])[-1]
-        raise EnvironmentProblem(f"cannot download {pkg} ({msg}): check apt's sources or pick another --kernel")
+    image, headers = f"linux-image-{version}", f"linux-headers-{version}"
+    log(f"guest: downloading {image} and {headers}")
     staging = cache / f".{version}.unpacking"
-    shutil.rmtree(staging, ignore_errors=True)
-    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staging)], check=True)
-    subprocess.run(["depmod", "-b", str(staging), version], check=True)
-    shutil.rmtree(tree.root, ignore_errors=True)
-    os.replace(staging, tree.root)
-    shutil.rmtree(dl, ignore_errors=True)
+    try:
+        debs = _download([image, headers], dl)
+        depends = subprocess.run(["dpkg-deb", "-f", str(debs[1]), "Depends"], capture_output=True, text=True,
+                                 check=True).stdout
+        more = header_packages(depends)
+        if not any(p.endswith("-common") for p in more):
+            raise EnvironmentProblem(f"{headers} depends on no linux-headers-*-common ({depends.strip()[:200]}): "
+                                     "not a Debian kernel's headers package")
+        debs += _download(more, dl)
+        shutil.rmtree(staging, ignore_errors=True)
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)
+        subprocess.run(["depmod", "-b", str(staging), version], check=True)
+        shutil.rmtree(tree.root, ignore_errors=True)
+        os.replace(staging, tree.root)
+    finally:
+        shutil.rmtree(dl, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return tree
 
 

@@ -2,8 +2,8 @@
 
 The guest runs ``run.sh`` (:data:`RUN_SH`) from the writable results share after
 ``switch_root``: it mounts what a booted system has, links the unpacked
-kernel's modules under ``/lib/modules`` (the host's headers are already at
-``build``), loads the modules the testbed needs, runs pytest with the
+kernel's modules under ``/lib/modules`` and its headers over ``/usr/src`` (bind mounts of
+the cache: the host needs none installed), loads the modules the testbed needs, runs pytest with the
 arguments from ``pytest.args`` (one per line, never through a shell) and writes
 ``rc`` and ``pytest.log`` to the share before powering off. The host waits for
 qemu with a deadline, kills it on timeout or on its own SIGTERM (qemu also dies
@@ -46,6 +46,16 @@ mount -t tmpfs tmpfs /run && mkdir -p /run/tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 V=$(uname -r)
+# the kernel's headers, unpacked beside its image, where its build and source links point (over the host's own
+# copy if it has one: the guest reads only the cache's)
+for d in %(kdir)s/usr/src/* %(kdir)s/usr/lib/linux-kbuild-*; do
+    t=${d#%(kdir)s}
+    if [ -L "$d" ]; then
+        [ -e "$t" ] || ln -sfn "$(readlink "$d")" "$t"
+    elif [ -d "$d" ]; then
+        mkdir -p "$t" && mount --bind "$d" "$t"
+    fi
+done
 mkdir -p /lib/modules/$V
 for f in %(kdir)s/lib/modules/$V/*; do
     n=$(basename "$f")

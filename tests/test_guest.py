@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,104 @@ def test_a_612_style_kernel_gets_its_modules_in_dependency_order(tmp_path):
     (d / "9p.ko.xz").unlink()                 # a module the root needs, missing: named
     with pytest.raises(kernel.EnvironmentProblem, match="no module 9p.ko"):
         kernel.initramfs(tree, tmp_path / "initrd2.gz")
+
+
+# linux-headers-<version>'s Depends, as Debian 12 ships them: 6.12's names the image (and, through it,
+# udev and initramfs-tools), so installing those headers on the host installed a second kernel there
+DEPENDS_612 = ("linux-base (>= 4.12~), linux-headers-6.12.107+deb12-common (= 6.12.107-1~deb12u1), "
+               "linux-image-6.12.107+deb12-amd64 (= 6.12.107-1~deb12u1) | linux-image-6.12.107+deb12-amd64-unsigned "
+               "(= 6.12.107-1~deb12u1), linux-kbuild-6.12.107+deb12, gcc-12")
+DEPENDS_61 = "linux-headers-6.1.0-57-common (= 6.1.192-3), linux-kbuild-6.1 (>= 6.1.192-3), linux-compiler-gcc-12-x86"
+
+
+def test_the_guest_takes_the_headers_common_part_and_kbuild_not_the_image():
+    assert kernel.header_packages(DEPENDS_612) == ["linux-headers-6.12.107+deb12-common", "linux-kbuild-6.12.107+deb12"]
+    assert kernel.header_packages(DEPENDS_61) == ["linux-headers-6.1.0-57-common", "linux-kbuild-6.1"]
+
+
+def fake_deb(out: Path, name: str, files: dict[str, str], links: dict[str, str] = {}, depends: str = "") -> Path:
+    """A real .deb (dpkg-deb -b) holding ``files`` (path: text) and ``links`` (path: symlink target)."""
+    root = out / f"{name}.d"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nVersion: 1\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n"
+        + (f"Depends: {depends}\n" if depends else ""))
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    for path, target in links.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).symlink_to(target)
+    deb = out / f"{name}_1_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-b", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+def test_fetch_unpacks_the_image_and_its_headers_into_the_cache_and_installs_nothing(tmp_path, monkeypatch):
+    v = "6.12.107+deb12-amd64"
+    debs = {
+        f"linux-image-{v}": fake_deb(tmp_path, f"linux-image-{v}", {f"boot/vmlinuz-{v}": "kernel",
+                                                                    f"lib/modules/{v}/modules.builtin": ""}),
+        f"linux-headers-{v}": fake_deb(
+            tmp_path, f"linux-headers-{v}", {f"usr/src/linux-headers-{v}/Makefile": "include common\n"},
+            links={f"lib/modules/{v}/build": f"/usr/src/linux-headers-{v}",
+                   f"lib/modules/{v}/source": "/usr/src/linux-headers-6.12.107+deb12-common",
+                   f"usr/src/linux-headers-{v}/scripts": "../../lib/linux-kbuild-6.12.107+deb12/scripts"},
+            depends=DEPENDS_612),
+        "linux-headers-6.12.107+deb12-common": fake_deb(
+            tmp_path, "linux-headers-6.12.107+deb12-common",
+            {"usr/src/linux-headers-6.12.107+deb12-common/include/linux/types.h": "/* types */\n"}),
+        "linux-kbuild-6.12.107+deb12": fake_deb(
+            tmp_path, "linux-kbuild-6.12.107+deb12", {"usr/lib/linux-kbuild-6.12.107+deb12/scripts/Kbuild.include": "#\n"},
+            links={"usr/src/linux-kbuild-6.12.107+deb12": "../lib/linux-kbuild-6.12.107+deb12"}),
+    }
+    asked: list[list[str]] = []
+
+    def download(pkgs, into):
+        asked.append(list(pkgs))
+        return [Path(shutil.copy2(debs[p], into)) for p in pkgs]
+
+    ran: list[list[str]] = []
+    real_run = subprocess.run
+
+    def run(argv, *a, **kw):
+        ran.append(list(argv))
+        return real_run(argv, *a, **kw)
+
+    monkeypatch.setattr(kernel, "_download", download)
+    monkeypatch.setattr(kernel.subprocess, "run", run)
+    cache = tmp_path / "cache"
+    tree = kernel.fetch(v, cache, log=lambda m: None)
+    assert asked == [[f"linux-image-{v}", f"linux-headers-{v}"],
+                     ["linux-headers-6.12.107+deb12-common", "linux-kbuild-6.12.107+deb12"]]
+    assert tree.complete() and (tree.modules / "modules.dep").exists()
+    assert os.readlink(tree.modules / "build") == f"/usr/src/linux-headers-{v}" == "/" + str(tree.headers.relative_to(tree.root))
+    assert (tree.root / "usr/src/linux-headers-6.12.107+deb12-common/include/linux/types.h").exists()
+    # kbuild's relative links resolve inside the cache (the guest bind-mounts these directories over /usr)
+    assert (tree.headers / "scripts" / "Kbuild.include").exists()
+    # unpacked, never installed: nothing ran apt-get install or dpkg -i/--install
+    assert not [a for a in ran if a[:2] == ["apt-get", "install"] or (a[0] == "dpkg" and {"-i", "--install"} & set(a))], ran
+    assert sorted(p.name for p in cache.iterdir()) == [v]          # the download and staging directories are gone
+    # a second fetch finds it whole; a cache from before the headers were unpacked here is fetched again
+    kernel.fetch(v, cache, log=lambda m: None)
+    assert len(asked) == 2
+    shutil.rmtree(tree.root / "usr")
+    kernel.fetch(v, cache, log=lambda m: None)
+    assert len(asked) == 4 and tree.complete()
+
+
+def test_a_headers_package_without_its_common_part_is_refused_in_one_line(tmp_path, monkeypatch):
+    v = "6.1.0-57-amd64"
+    debs = {f"linux-image-{v}": fake_deb(tmp_path, f"linux-image-{v}", {f"boot/vmlinuz-{v}": "kernel"}),
+            f"linux-headers-{v}": fake_deb(tmp_path, f"linux-headers-{v}", {"x": ""}, depends="gcc-12")}
+    monkeypatch.setattr(kernel, "_download", lambda pkgs, into: [Path(shutil.copy2(debs[p], into)) for p in pkgs])
+    with pytest.raises(kernel.EnvironmentProblem, match=r"depends on no linux-headers-\*-common \(gcc-12\)"):
+        kernel.fetch(v, tmp_path / "cache", log=lambda m: None)
+    assert list((tmp_path / "cache").iterdir()) == []      # nothing half-fetched is left in the cache
+
+
+def test_the_guest_mounts_the_caches_headers_over_usr_src_before_it_links_the_modules():
+    text = vm.run_script("/k", "/r", "/r/.venv/bin/python", 0.05)
+    loop = text.index("for d in /k/usr/src/* /k/usr/lib/linux-kbuild-*; do")
+    assert 'mkdir -p "$t" && mount --bind "$d" "$t"' in text and '[ -e "$t" ] || ln -sfn "$(readlink "$d")" "$t"' in text
+    assert loop < text.index("for f in /k/lib/modules/$V/*") < text.index("modprobe -a")
