@@ -20,7 +20,9 @@ if [ $# -gt 0 ] || [ "${FLOWPULSE_GUEST:-1}" = "0" ]; then guest=0; fi
 if [ "$guest" -eq 1 ]; then "$here/scripts/guest-test.sh" --setup-only; fi
 cd "$here"
 py="$here/.venv/bin/python"
-common=(-q -p no:cacheprovider --timeout=900)
+# --durations: each pass names its ten slowest tests, so that where the test command's time goes (CI's
+# limit is about 30 minutes on 2 cores) can be read from any run's output
+common=(-q -p no:cacheprovider --timeout=900 --durations=10)
 # A SIGTERM, SIGINT or SIGHUP to this script goes to the pass that is running (pytest unwinds what it
 # built on SIGTERM) and no further pass starts; the script then exits 128 + the signal's number. Each
 # pass runs in the background so that the shell can take the signal while it waits.
