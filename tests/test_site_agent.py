@@ -27,6 +27,7 @@ from netns_testbed import hooks
 from netns_testbed.bpfmaps import tcx_supported
 from netns_testbed.hooks import Hook
 from netns_testbed.nsutil import in_netns
+from netns_testbed.slowdown import slowdown
 from netns_testbed.topo import namespace
 from workload.launcher import JobSpec, run_job
 
@@ -115,7 +116,15 @@ def test_netlink_counters_catch_a_spine_leaf_drop_and_stay_silent_for_100_health
     print(f"netlink: {len(big)} leaf2 pulses for 125 iterations; caught {first['time'] - onset:.2f} s after onset, "
           f"in iteration {faulty_iterations} of the fault, rate {first['estimated_rate']:.4f}")
     assert faulty_iterations <= 3
-    assert 100 <= len(big) <= 135   # the sampler cut about one pulse per iteration
+    # The 150 ms between iterations is a silence longer than the 50 ms gap: the sampler cuts at least one
+    # pulse per iteration anywhere. Where an iteration is one burst it cuts about one (the upper bound).
+    # Emulated (FLOWPULSE_SLOWDOWN > 1) it is not: a rank's reduction runs about 100x slower there and the
+    # ring stands still within an iteration, real silences the sampler cuts at too (Debian 6.12 in the
+    # guest: 214 pulses over 1,000 packets for 125 iterations of 11-24 s, median 15 s, 0.1-4.8 s apart); the
+    # fault was still caught in its first iteration, with no alert before it.
+    assert len(big) >= 100
+    if slowdown() == 1:
+        assert len(big) <= 135
 
 
 UNIT = REPO / "deploy" / "systemd" / "flowpulse-agent.service"
