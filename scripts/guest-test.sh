@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The optional third command: the project's tests on Debian's stock kernel in an emulated guest.
 # Installs what it needs (idempotent), fetches the kernel whose headers scripts/setup.sh installed
-# for BCC (its image and headers, unpacked into a cache, not installed), boots it under qemu with this machine's root shared read-only, runs
-# tests/test_netem.py (or the pytest arguments after --) as root and prints pytest's summary.
+# for BCC (its image and headers, unpacked into a cache, not installed), boots it under qemu with
+# this machine's root shared read-only, runs tests/test_netem.py (or the pytest arguments after --)
+# as root and prints pytest's summary.
 #   sudo scripts/guest-test.sh
 #   sudo scripts/guest-test.sh -- tests/test_netem.py -k drop
 #   sudo scripts/guest-test.sh --setup-only    # install what the guest needs, then stop (scripts/test.sh)
