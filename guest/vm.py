@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -132,8 +133,9 @@ def qemu_argv(tree: KernelTree, initrd: Path, share: Path, cpus: int, mem_mb: in
 def run_script(kdir: Path | str, repo: Path | str, python: Path | str, host_s: float) -> str:
     """The guest's ``run.sh`` for a kernel tree, a checkout and its interpreter; ``host_s`` is the host's
     time for the slowdown loop (netns_testbed/slowdown.py), which the guest measures itself against."""
-    return RUN_SH % {"share": SHARE, "kdir": kdir, "modules": " ".join(GUEST_MODULES), "repo": repo,
-                     "python": python, "host_s": host_s}
+    q = lambda p: shlex.quote(str(p))   # noqa: E731 (a cache or checkout path may hold spaces)
+    return RUN_SH % {"share": SHARE, "kdir": q(kdir), "modules": " ".join(GUEST_MODULES), "repo": q(repo),
+                     "python": q(python), "host_s": host_s}
 
 
 def hidden_in_guest(path: Path) -> str | None:

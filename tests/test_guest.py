@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import shlex
 import os
 import shutil
 import subprocess
@@ -271,3 +272,27 @@ def test_the_guest_mounts_the_caches_headers_over_usr_src_before_it_links_the_mo
     loop = text.index("for d in /k/usr/src/* /k/usr/lib/linux-kbuild-*; do")
     assert 'mkdir -p "$t" && mount --bind "$d" "$t"' in text and '[ -e "$t" ] || ln -sfn "$(readlink "$d")" "$t"' in text
     assert loop < text.index("for f in /k/lib/modules/$V/*") < text.index("modprobe -a")
+
+
+def test_the_guests_script_takes_a_cache_and_a_checkout_whose_paths_hold_spaces(tmp_path):
+    """The cache (FLOWPULSE_GUEST_CACHE) and the checkout may live under any path: the script quotes them.
+    Its two linking loops run here with mount, ln and mkdir replaced by functions that print their
+    arguments (nothing on this machine is touched)."""
+    kdir = tmp_path / "my cache" / "6.1.0-57-amd64"
+    v = "6.1.0-57-amd64"
+    (kdir / "usr/src/linux-headers-6.1.0-57-amd64").mkdir(parents=True)
+    (kdir / "usr/lib/linux-kbuild-6.1").mkdir(parents=True)
+    (kdir / f"lib/modules/{v}").mkdir(parents=True)
+    (kdir / f"lib/modules/{v}/flowpulse-test.ko").write_text("")   # a name no host has
+    text = vm.run_script(kdir, tmp_path / "a checkout", tmp_path / "a checkout/.venv/bin/python", 0.05)
+    body = text[text.index("for d in "):text.index("modprobe -a")]
+    fakes = 'mount() { echo "mount|$*"; }\nln() { echo "ln|$*"; }\nmkdir() { echo "mkdir|$*"; }\n'
+    out = subprocess.run(["bash", "-c", fakes + f"V={v}\n" + body], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert f"mount|--bind {kdir}/usr/src/linux-headers-{v} /usr/src/linux-headers-{v}" in lines
+    assert f"mount|--bind {kdir}/usr/lib/linux-kbuild-6.1 /usr/lib/linux-kbuild-6.1" in lines
+    assert f"ln|-s {kdir}/lib/modules/{v}/flowpulse-test.ko /lib/modules/{v}/flowpulse-test.ko" in lines, lines
+    assert out.stderr == ""
+    assert f"cd {shlex.quote(str(tmp_path / 'a checkout'))}\n" in text
+    assert f"{shlex.quote(str(tmp_path / 'a checkout/.venv/bin/python'))} -m pytest" in text
+    subprocess.run(["bash", "-n", "-c", text], check=True)
