@@ -24,8 +24,9 @@ does better on average; ``ratio`` is the detector's mean against it (``--json`` 
 ``opt/cusum``: the same CUSUM given only the ARL the detector gives each of its CUSUMs (the switch's
 budget shared over its cells and magnitudes): what the sharing costs is the difference.
 ``opt/cells``: the same CUSUM given the ARL that one CUSUM per cell needs when the faulty cell is not
-known in advance (the switch's budget shared over its cells alone: ``ARL0 = cells / alpha``, the
-detector's per-CUSUM ARL less its ``ln(magnitudes)``). A test that watches every cell pays that
+known in advance (the switch's budget shared over its cells alone: ``ARL0 = cells / alpha``, the cells
+its detector judged at the last pulse, ``last_cells``; not the per-CUSUM ARL less ``ln(magnitudes)``,
+which equals it only where the bank's members count whole, as at 64 spines). A test that watches every cell pays that
 ``ln(cells)`` whatever it is (the multi-stream lower bound grows as ``ln(cells / alpha)``, not
 ``ln(1 / alpha)``); ``ratio/cells``, the detector's mean against it, is what its bank of magnitudes
 and its noise model cost on top.
@@ -107,6 +108,7 @@ def trial(spines: int, spray: str, rate: float, seed: int, size: int, onset: int
     named = {e["link"] for e in tracker.history if e.get("link")}
     return {"link": link, "detected": bool(rel), "iters": (first["iteration"] - onset + 1) if first else None,
             "ln_arl": max(d.last_ln_arl for d in dets.values()),
+            "ln_arl_cells": max(math.log(max(d.last_cells, 1)) - math.log(d.alpha) for d in dets.values()),
             "false": len(false), "candidates_ok": bool(first and link in first["candidates"]),
             "localized": link in named, "wrong_links": sorted(named - {link}),
             "judge_ms_per_switch_pulse": 1e3 * t_judge / judged,
@@ -199,7 +201,7 @@ def main() -> int:
                 ln_arl = statistics.median(r["ln_arl"] for r in res)
                 opt_cusum = optimal_iters(rate, res[0]["packets_per_uplink"], spines, ln_arl)
                 opt_cells = optimal_iters(rate, res[0]["packets_per_uplink"], spines,
-                                          ln_arl - math.log(len(base.magnitudes)))
+                                          statistics.median(r["ln_arl_cells"] for r in res))
                 floor, kappa, by_ports = None, None, {}
                 if args.floor_reps > 0:
                     # the switch the loss flows into watches one port per peer: spines at a leaf, leaves at a spine

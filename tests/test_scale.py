@@ -3,6 +3,7 @@ rrdst 0.1% is caught in the first faulty iteration and named (bench/scale.py's t
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,20 @@ def test_the_floors_mixture_keeps_its_budget_and_is_slower_than_the_told_the_lin
     told = scale.optimal_iters(0.01, 9844, 64, 8.0)
     assert 1.0 < kappa < 6.0, kappa
     assert floor > told, (floor, told)
+
+
+def test_opt_cells_shares_the_budget_over_the_cells_the_detector_judged():
+    """``opt/cells``' ARL is ``cells / alpha``, the cells the detector judged: below its per-CUSUM ARL by
+    ln of the bank's effective members per cell, at most ln(magnitudes) and less where members overlap
+    (measured: about 2 of 5 on a 4x4 fabric, where subtracting ln 5 understated opt/cells' threshold by
+    about 0.9 nats). With a bank of one magnitude a cell counts at most once (members that cannot
+    false-alarm at the ARL count 0), so the per-CUSUM ARL is at most ``cells / alpha``."""
+    m = len(DetectorConfig().magnitudes)
+    small = dict(spines=4, spray="rrdst", rate=0.01, seed=1, size=int(0.5e9), onset=5, iters=1, leaves=4, hosts=2,
+                 mss=9000)
+    bank = scale.trial(**small)
+    cells = math.exp(bank["ln_arl_cells"]) * DetectorConfig().alpha(8)
+    assert cells == pytest.approx(round(cells), rel=1e-9) and cells >= 4 * 2, bank   # whole cells, every uplink
+    assert 0.3 < bank["ln_arl"] - bank["ln_arl_cells"] < math.log(m) - 0.5, bank
+    one_member = scale.trial(**small, base=DetectorConfig(magnitudes=(0.01,), min_rate=0.005))
+    assert one_member["ln_arl"] <= one_member["ln_arl_cells"] + 1e-9, one_member

@@ -95,7 +95,8 @@ class SwitchDetector:
         self._quiet = True          # every CUSUM below quiet_level after the last pulse (fresh: all at 0)
         self.pulses_used = 0
         self.last_scores: dict[int, float] = {}
-        self.last_ln_arl = 0.0
+        self.last_ln_arl = 0.0     # ln of the ARL0 each CUSUM got at the last judged pulse (budget_ln_arl)
+        self.last_cells = 0        # the cells it was shared over (each cell a bank of magnitudes; damaged frames)
         # spray changes not yet reached (reshare): links out of service, weights, the window's ends
         self.changes: deque[tuple[list[Link], dict[str, float], float, float]] = deque()
         self.skipped = 0                                 # pulses not judged because a change crossed them
@@ -165,6 +166,7 @@ class SwitchDetector:
         flat = np.concatenate(shifts, axis=1) if shifts else np.zeros((0,))
         ln_arl = budget_ln_arl(flat, math.log(self.alpha), extra=int(cmask.sum()))
         self.last_ln_arl = ln_arl
+        self.last_cells = (flat.shape[1] if flat.ndim == 2 else 0) + int(cmask.sum())
         judged: list[tuple[Samples, np.ndarray, Judgement]] = []
         fabric_loss = HOSTS_WAIT_FOR_FABRIC_LOSS and self._fabric_loss_open()
         for chk, bank, smp, v in zip(self.checks, self.banks, smps, vs):
