@@ -28,8 +28,8 @@ known in advance (the switch's budget shared over its cells alone: ``ARL0 = cell
 its detector judged at the last pulse, ``last_cells``; not the per-CUSUM ARL less ``ln(magnitudes)``,
 which equals it only where every member counts whole: at 64 spines they count 1.7-3.6 of 5). A test
 that watches every cell pays that ``ln(cells)`` whatever it is (the multi-stream lower bound grows as
-``ln(cells / alpha)``, not ``ln(1 / alpha)``); ``ratio/cells``, the detector's mean against it, is what its bank of magnitudes
-and its noise model cost on top.
+``ln(cells / alpha)``, not ``ln(1 / alpha)``); ``ratio/cells``, the detector's mean against it, is
+what its bank of magnitudes and its noise model cost on top.
 ``floor``: the quicker of two tests that are told the rate but not the link, each watching one
 count per fabric port of the switch the loss flows into (the spines' ports of a leaf, the leaves' of a
 spine) with the switch's whole budget: one CUSUM per port at ``ARL0 = ports / alpha`` (Brook-Evans as
