@@ -46,8 +46,9 @@ MAX_ERRORS_IN_ROW = 50
 
 
 # what reading and loading a saved detector state raises when the file is not one this agent wrote
-# (SwitchDetector.load_state walks nested parts the schema only outlines)
-BAD_STATE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError)
+# (SwitchDetector.load_state walks nested parts the schema only outlines; OverflowError: an integer
+# beyond the array's C type, such as an onset of 2**64)
+BAD_STATE = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError)
 
 
 def read_saved_state(path: Path) -> dict:

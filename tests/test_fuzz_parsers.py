@@ -285,6 +285,30 @@ def test_saved_detector_state(tmp_path_factory):
     run()
 
 
+@pytest.mark.parametrize("part", ["poisson", "banks"])
+def test_a_saved_state_with_an_integer_beyond_its_arrays_type_is_refused_and_the_agent_starts_afresh(tmp_path, part):
+    """Found by a random campaign (20,000 inputs a parser): an onset of 2**64 raised OverflowError out of
+    numpy, which the agent's restore did not take for a bad file, so the agent died at every start."""
+    from netns_testbed.untrusted import REFUSED
+    from tests.standins import idle_agent
+
+    first = idle_agent(tmp_path, FABRIC, "leaf1")
+    first.detector.pulses_used = 7
+    first.save_state()
+    path = first.state_path
+    doc = json.loads(path.read_text())
+    assert doc["pulses_used"] == 7
+    onset = doc["poisson"]["onset"] if part == "poisson" else doc["banks"][0]["onset"]
+    while isinstance(onset[0], list):
+        onset = onset[0]
+    onset[0] = 2 ** 64
+    path.write_text(json.dumps(doc))
+    before = REFUSED.snapshot().get("state", 0)
+    again = idle_agent(tmp_path, FABRIC, "leaf1")
+    assert again.detector.pulses_used == 0                       # afresh, nothing of the bad file kept
+    assert REFUSED.snapshot().get("state", 0) == before + 1
+
+
 GOOD_WEB = {"tls_server_config": {"cert_file": "agent.crt", "key_file": "agent.key",
                                   "client_auth_type": "NoClientCert"},
             "basic_auth_users": {"prometheus": "$2b$04$" + "a" * 53}}
