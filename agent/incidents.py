@@ -5,7 +5,10 @@ What each switch decides alone, and what is fused from alerts:
 * A spine names ``leafA->spineK`` alone (its balance test: the link it owns).
 * Any switch names the link into a port alone when frames arrive damaged on it. Those frames are
   discarded there, so a loss that other switches see through that link joins the corruption's
-  incident (one fault, one incident) instead of waiting for an owner's verdict.
+  incident (one fault, one incident) instead of waiting for an owner's verdict. A tracker that does
+  not see the corruption alert (one agent per switch) settles that loss by the owner's verdict like
+  any other: the owner (the receiver, the switch that saw the damage) counts the damaged frames
+  nowhere, so its evidence reads them as lost (tests/test_incidents.py, on the counter model).
 * A leaf names ``spineK->leafM`` alone when deficits from two or more source
   leaves share uplink K (only the common link explains them).
 * A leaf sees a surplus of packets sent to host hN against its peer hosts:

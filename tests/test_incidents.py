@@ -617,3 +617,31 @@ def test_a_trackers_history_is_bounded():
         tr.feed({**alert, "time": 2.0 * k})
         tr.feed({**alert, "event": "resolved", "time": 2.0 * k + 1})
     assert len(tr.history) <= HISTORY_EVENTS and tr.history[-1]["event"] == "resolved"
+
+
+@pytest.mark.parametrize("rate", [0.02, 0.005])
+def test_a_corruptions_loss_is_named_from_the_owners_verdict_file_in_a_tracker_of_its_own(tmp_path, rate):
+    """A deployment of one agent per switch: leaf2's tracker never sees spine2's corruption alert, so the
+    loss it reads through leaf1->spine2 (the frames spine2 discarded) cannot join that incident as in one
+    process. It is settled by spine2's verdict file instead: the owner's counts miss the damaged frames
+    too (its ledger reads them as lost, and at 2% its own loss alert is open), so the leaf names
+    leaf1->spine2, one pulse after the onset, and no other link (the counter model; 0.5% is a loss no
+    owner alert covers, settled from the ledger alone)."""
+    from agent.incidents import VerdictFiles, write_verdicts
+
+    fault = "leaf1->spine2"
+
+    def export(i: int, dets: dict) -> None:
+        for det in dets.values():
+            write_verdicts(tmp_path, det)
+
+    spec = ModelSpec(size=16 << 20, seed=7)
+    leaves = {sw for sw in Fabric(spec.fabric).switches if sw.startswith("leaf")}
+    run = run_model(spec, 30, {20: {"corrupt": {fault: rate}}}, on_pulse=export, fed=leaves,
+                    evidence=lambda dets: VerdictFiles(tmp_path, None, max_age_s=3600))
+    assert any(a["switch"] == "spine2" and a["kind"] == "corruption" and a["link"] == fault for a in run.alerts)
+    leaf_alerts = [a for a in run.alerts if a["switch"] in leaves and a["event"] == "alert"]
+    assert leaf_alerts and all(a["kind"] == "loss" and fault in a["candidates"] for a in leaf_alerts), leaf_alerts
+    named = [(e["iteration"], e["link"]) for e in run.incidents if e.get("link")]
+    assert named and {link for _, link in named} == {fault}, run.incidents
+    assert min(i for i, _ in named) <= 21, named
