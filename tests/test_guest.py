@@ -186,7 +186,8 @@ def test_the_guest_takes_the_headers_common_part_and_kbuild_not_the_image():
     assert kernel.header_packages(DEPENDS_61) == ["linux-headers-6.1.0-57-common", "linux-kbuild-6.1"]
 
 
-def fake_deb(out: Path, name: str, files: dict[str, str], links: dict[str, str] = {}, depends: str = "") -> Path:
+def fake_deb(out: Path, name: str, files: dict[str, str], links: dict[str, str] | None = None,
+             depends: str = "") -> Path:
     """A real .deb (dpkg-deb -b) holding ``files`` (path: text) and ``links`` (path: symlink target)."""
     root = out / f"{name}.d"
     (root / "DEBIAN").mkdir(parents=True)
@@ -196,7 +197,7 @@ def fake_deb(out: Path, name: str, files: dict[str, str], links: dict[str, str] 
     for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
-    for path, target in links.items():
+    for path, target in (links or {}).items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).symlink_to(target)
     deb = out / f"{name}_1_all.deb"
