@@ -44,7 +44,7 @@ FUZZ = settings(max_examples=FUZZ_EXAMPLES, derandomize=os.environ.get("FLOWPULS
                 deadline=None, database=None, suppress_health_check=list(HealthCheck))
 FABRIC = Fabric(FabricSpec(leaves=4, spines=4, hosts_per_leaf=2))
 
-json_scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
+json_scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.sampled_from([10**400, -10**400])
                 | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20))
 json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=5)
                            | st.dictionaries(st.text(max_size=12), kids, max_size=5), max_leaves=20)
@@ -196,6 +196,25 @@ def test_feed_pulses(text):
         parse_pulse(text, 2, FABRIC)
     except SpecError:
         pass
+
+
+@pytest.mark.parametrize("key", ["ip", "bad", "start_time"])
+def test_a_pulse_line_with_an_integer_beyond_a_floats_range_is_refused_with_its_one_error(key):
+    """JSON integers have no bound (10**400 parses): converting one to a float raised OverflowError (numpy's
+    for a count, math.isfinite's for a time), so a feed line carrying one stopped ``flowpulse agent --feed``
+    with a traceback instead of one line (exit 2). The fuzz tests' JSON values include such integers since."""
+    d = copy.deepcopy(PULSE)
+    if key == "start_time":
+        d[key] = 10 ** 400
+        said = "start_time and end_time are seconds"
+    else:
+        cell = d[key]
+        while isinstance(cell[0], list):
+            cell = cell[0]
+        cell[0] = 10 ** 400
+        said = f"'{key}' holds a count that is not a whole number >= 0"
+    with pytest.raises(SpecError, match=said):
+        parse_pulse(json.dumps(d), 2, FABRIC)
 
 
 # -- verdict files, reports, saved detector state: files other processes wrote -------------------
