@@ -201,7 +201,7 @@ def test_feed_pulses(text):
 @pytest.mark.parametrize("key", ["ip", "bad", "start_time"])
 def test_a_pulse_line_with_an_integer_beyond_a_floats_range_is_refused_with_its_one_error(key):
     """JSON integers have no bound (10**400 parses): converting one to a float raised OverflowError (numpy's
-    for a count, math.isfinite's for a time), so a feed line carrying one stopped ``flowpulse agent --feed``
+    for a count, math.isfinite's for a time), so a feed line carrying one stopped ``flowpulse feed``
     with a traceback instead of one line (exit 2). The fuzz tests' JSON values include such integers since."""
     d = copy.deepcopy(PULSE)
     if key == "start_time":
