@@ -39,7 +39,6 @@ feed. Blank lines are skipped; anything else that does not parse stops the feed 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -97,14 +96,6 @@ def parse_header(text: str) -> FeedHeader:
     return FeedHeader(fabric, SprayMode.parse(d.get("spray", "")), tuple(fabric.parse_link_list(oos)), parsed)
 
 
-def _finite(t: int | float) -> bool:
-    """A finite number that converts to a float (a JSON integer may not: 10**400 parses)."""
-    try:
-        return math.isfinite(t)
-    except OverflowError:
-        return False
-
-
 def _counts(d: dict, key: str, shape: tuple[int, ...], where: str) -> np.ndarray:
     try:
         a = np.asarray(d[key], dtype=float)
@@ -135,7 +126,7 @@ def parse_pulse(text: str, lineno: int, fabric: Fabric) -> PulseCounts:
     if not isinstance(pulse, int) or isinstance(pulse, bool) or pulse < 0:
         raise SpecError(f"{where}: 'pulse' must be a whole number >= 0")
     times = [d.get(k, 0.0) for k in ("start_time", "end_time")]
-    if any(not isinstance(t, (int, float)) or isinstance(t, bool) or not _finite(t) for t in times):
+    if any(not isinstance(t, (int, float)) or isinstance(t, bool) or not untrusted.finite(t) for t in times):
         raise SpecError(f"{where}: start_time and end_time are seconds (numbers)")
     kt = [d.get(k, 0) for k in ("start_ns", "end_ns")]
     if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 2**63 for t in kt):

@@ -46,6 +46,7 @@ from agent.detector.alerts import AlertKind
 from agent.incidents import trim_history
 from netns_testbed.errors import UserError
 from netns_testbed.topo import Fabric, Link, node_kind
+from netns_testbed.untrusted import finite
 
 log = logging.getLogger("flowpulse.agent.mitigation")
 
@@ -73,8 +74,8 @@ class MitigationPolicy:
         if not 1 <= self.min_spines <= 64:
             raise SpecError(f"--min-spines {self.min_spines}: between 1 and 64")
         w = self.canary_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not 0.01 <= w <= 1:
-            shown = f"{w:g}" if isinstance(w, (int, float)) and not isinstance(w, bool) else repr(w)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not finite(w) or not 0.01 <= w <= 1:
+            shown = f"{w:g}" if isinstance(w, (int, float)) and not isinstance(w, bool) and finite(w) else repr(w)
             raise SpecError(f"--canary-weight {shown}: a number from 0.01 to 1 (1 keeps the suspect's full share; "
                             f"default {CANARY_WEIGHT:g})")
         return self

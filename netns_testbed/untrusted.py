@@ -56,6 +56,15 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def finite(v: int | float) -> bool:
+    """A number that is finite as a float. A JSON or YAML integer has no bound (10**400 parses) and
+    ``math.isfinite`` raises OverflowError on one beyond a float's range: it is not finite here."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def nonfinite(obj, where: str = "") -> str | None:
     """The location of the first NaN or infinity in a parsed document (``weights.leaf0->spine1``), or None."""
     stack = [(obj, where)]

@@ -217,6 +217,17 @@ def test_a_pulse_line_with_an_integer_beyond_a_floats_range_is_refused_with_its_
         parse_pulse(json.dumps(d), 2, FABRIC)
 
 
+def test_settings_with_an_integer_beyond_a_floats_range_are_refused_with_their_one_error():
+    """A detector setting or a canary weight of 10**400 (a spec file's YAML or JSON parses it): the range
+    checks' ``math.isfinite`` raised OverflowError (found by the fuzz tests' wider integers in CI)."""
+    from agent.mitigation import MitigationPolicy
+
+    with pytest.raises(SpecError, match="bad detector setting fa_per_day"):
+        DetectorConfig(fa_per_day=10 ** 400).validate()
+    with pytest.raises(SpecError, match="--canary-weight"):
+        MitigationPolicy(canary_weight=10 ** 400).validate()
+
+
 # -- verdict files, reports, saved detector state: files other processes wrote -------------------
 def good_verdict(tmp) -> dict:
     det = SwitchDetector(FABRIC, "spine1", DetectorConfig(), SprayMode.RRDST)

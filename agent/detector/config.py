@@ -12,12 +12,12 @@ threshold follows from :mod:`agent.detector.arl`.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 
 from netns_testbed.errors import SpecError
+from netns_testbed.untrusted import finite
 
 SECONDS_PER_DAY = 86400.0
 
@@ -70,7 +70,7 @@ class DetectorConfig:
         for name in ("fa_per_day", "pulse_hz", "min_rate", "prior_dof", "quiet_level", "clear_lr",
                      "false_clears_per_day", "corruption_background", "corruption_rate"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not finite(v) or v <= 0:
                 raise bad(name, "must be a finite number > 0")
         if not isinstance(self.fragment_share, (int, float)) or isinstance(self.fragment_share, bool) \
                 or not 0 <= self.fragment_share < 1:
