@@ -65,8 +65,6 @@ class MitigationPolicy:
     canary_weight: float = CANARY_WEIGHT   # the suspect uplink's weight while localizing; 1: no canary
 
     def validate(self) -> "MitigationPolicy":
-        import math
-
         from netns_testbed.errors import SpecError
 
         if not 1 <= self.max_per_switch <= 64:
