@@ -5,10 +5,12 @@ What each switch decides alone, and what is fused from alerts:
 * A spine names ``leafA->spineK`` alone (its balance test: the link it owns).
 * Any switch names the link into a port alone when frames arrive damaged on it. Those frames are
   discarded there, so a loss that other switches see through that link joins the corruption's
-  incident (one fault, one incident) instead of waiting for an owner's verdict. A tracker that does
-  not see the corruption alert (one agent per switch) settles that loss by the owner's verdict like
-  any other: the owner (the receiver, the switch that saw the damage) counts the damaged frames
-  nowhere, so its evidence reads them as lost (tests/test_incidents.py, on the counter model).
+  incident (one fault, one incident, one kind) instead of waiting for an owner's verdict. A tracker
+  that does not see the corruption alert (one agent per switch) learns it from the receiver's verdict
+  document (its ``corrupt_links``) and joins it the same way, so both agents publish the incident as a
+  corruption and it pages once. Before the receiver names it, the owner's ledger settles that loss like
+  any other (the receiver counts the damaged frames nowhere, so its evidence reads them as lost), and the
+  incident becomes a corruption when the receiver names it (tests/test_incidents.py, on the counter model).
 * A leaf names ``spineK->leafM`` alone when deficits from two or more source
   leaves share uplink K (only the common link explains them).
 * A leaf sees a surplus of packets sent to host hN against its peer hosts:
@@ -61,7 +63,13 @@ log = logging.getLogger("flowpulse.agent.incidents")
 # The verdict files' layout; an owner's file in another (an agent of another version during an upgrade)
 # gives no verdict: its alerts wait, as for an owner that stopped. 2: ledger rows carry timing weights.
 # 3: the ledger says what it judges by (its reference); leaves export their paths' evidence.
-VERDICT_FORMAT = 3
+# 4: the links the owner's damaged-frame test names (``corrupt_links``), so that a loss another switch's
+# agent reads through such a link is that corruption's incident there too (one fault, one kind, one page).
+VERDICT_FORMAT = 4
+# What this agent reads: its own format, and the one before it (format 3 is format 4 without corrupt_links),
+# so that an agent upgraded first still has its not-yet-upgraded owners' verdicts. An agent of the previous
+# release reads none of this one's (it reads only 3): logged once, its incidents wait until it is upgraded.
+READ_FORMATS = (3, 4)
 
 
 class EvidenceSource(Protocol):
@@ -69,6 +77,11 @@ class EvidenceSource(Protocol):
                  toward: str | None = None) -> LinkEvidence | None: ...
 
     def path(self, leaf: str, name: str, since: float | Sequence[Span]) -> LinkEvidence | None: ...
+
+    def corrupt(self, owner: str, link: str) -> bool:
+        """Whether ``owner`` (the link's receiver) has an open corruption alert on ``link``: frames
+        arriving damaged there. Optional: a source without it says nothing about corruption."""
+        ...
 
 
 class LocalEvidence:
@@ -86,6 +99,10 @@ class LocalEvidence:
         det = self.detectors().get(leaf)
         return det.owner.path_evidence(name, since) if det is not None else None
 
+    def corrupt(self, owner: str, link: str) -> bool:
+        det = self.detectors().get(owner)
+        return det is not None and link in det.owner.open_links(AlertKind.CORRUPTION)
+
 
 class ExportedVerdicts:
     """Verdicts of agents in other processes, as documents (:func:`verdict_document`) checked whole
@@ -96,6 +113,7 @@ class ExportedVerdicts:
     def __init__(self, local: EvidenceSource | None = None, max_age_s: float = 30.0, key: bytes | None = None) -> None:
         self.local, self.max_age_s, self.key = local, max_age_s, key
         self._warned: set[str] = set()
+        self._checked: dict[str, tuple[str, dict]] = {}    # owner -> its last document as text, and checked
 
     def origin(self, owner: str) -> str:
         """Where ``owner``'s verdicts come from (for logs and the bad-input counter's one line per origin)."""
@@ -121,28 +139,47 @@ class ExportedVerdicts:
                 return ev
         return self._exported(leaf, name, since, 0.0, path=True)
 
-    def _exported(self, owner: str, name: str, since: float | Sequence[Span], loss: float,
-                  path: bool = False, open_link: str | None = None) -> LinkEvidence | None:
-        """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its file: none if the file is
-        missing, stale, of another format, or bad (counted in ``flowpulse_bad_input_total{source="verdict"}``,
-        one log line; see :func:`check_verdict`)."""
+    def corrupt(self, owner: str, link: str) -> bool:
+        if self.local is not None and getattr(self.local, "corrupt", None) is not None \
+                and self.local.corrupt(owner, link):
+            return True
+        d = self._document(owner)
+        return d is not None and link in d.get("corrupt_links", [])
+
+    def _document(self, owner: str) -> dict | None:
+        """``owner``'s verdict document, checked whole and fresh: None if it is missing, stale, of another
+        format, or bad (counted in ``flowpulse_bad_input_total{source="verdict"}``, one log line; see
+        :func:`check_verdict`)."""
         f = self.origin(owner)
         try:
-            d = check_verdict(self.fetch(owner), owner, self.key)
+            text = self.fetch(owner)
+            hit = self._checked.get(owner)
+            if hit is not None and hit[0] == text:      # the same document as last asked: checked already
+                d = hit[1]
+            else:
+                d = check_verdict(text, owner, self.key)
+                self._checked[owner] = (text, d)
         except FileNotFoundError:
             return None
         except OtherFormat as e:
             if owner not in self._warned:
                 self._warned.add(owner)
-                log.warning("%s's verdict file has format %s, this agent reads %d: no verdicts from %s until its "
-                            "agent runs this version", owner, e.args[0], VERDICT_FORMAT, owner)
+                log.warning("%s's verdict file has format %s, this agent reads %s: no verdicts from %s until its "
+                            "agent runs this version", owner, e.args[0], " and ".join(map(str, READ_FORMATS)), owner)
             return None
         except (OSError, BadInput) as e:
             REFUSED.refuse("verdict", f, str(e))
             return None
-        age = time.time() - d["written"]
-        if age > self.max_age_s or name not in d["cells"]:
+        return d if time.time() - d["written"] <= self.max_age_s else None
+
+    def _exported(self, owner: str, name: str, since: float | Sequence[Span], loss: float,
+                  path: bool = False, open_link: str | None = None) -> LinkEvidence | None:
+        """``owner``'s evidence on ``name`` (a link, or a leaf's path) from its document (none without one,
+        see :meth:`_document`)."""
+        d = self._document(owner)
+        if d is None or name not in d["cells"]:
             return None
+        f = self.origin(owner)
         ledger = Ledger(d["ncells"], reference=Reference(d["reference"]))
         try:
             ledger.load(d["ledger"])
@@ -193,7 +230,7 @@ def check_verdict(text: str, owner: str, key: bytes | None = None) -> dict:
     ``ncells`` wide. Raises :class:`OtherFormat` or :class:`BadInput`."""
     d = untrusted.loads(text)
     fmt = d.get("format", 1 if "ledger" in d else None) if isinstance(d, dict) else None   # format 1 had none
-    if type(fmt) is int and fmt != VERDICT_FORMAT:
+    if type(fmt) is int and fmt not in READ_FORMATS:
         raise OtherFormat(fmt)
     untrusted.check(VERDICT_SCHEMA, d)
     if key is not None:
@@ -236,7 +273,8 @@ def verdict_document(det: SwitchDetector, key: bytes | None = None) -> str | Non
     index = {c: i for i, c in enumerate(keep)}
     d = {"format": VERDICT_FORMAT, "written": time.time(), "switch": det.switch, "ncells": len(keep),
          "reference": str(ledger.reference), "cells": {n: index[c] for n, c in cells.items() if c in index},
-         "ledger": ledger.state(keep), "open_links": sorted(det.owner.open_loss_links())}
+         "ledger": ledger.state(keep), "open_links": sorted(det.owner.open_loss_links()),
+         "corrupt_links": sorted(det.owner.open_links(AlertKind.CORRUPTION))}
     return json.dumps(verdictauth.sign(key, d) if key is not None else d)
 
 
@@ -248,6 +286,7 @@ class Attribution:
     candidates: list[str]
     how: str
     evidence: dict = field(default_factory=dict)
+    kind: AlertKind | None = None     # what the fault is, where it is not the alert's own kind (a loss a corruption explains)
 
 
 @dataclass
@@ -342,7 +381,19 @@ class IncidentTracker:
             # link was drained, came after the operator had repaired and restored it, and the loss became a
             # second incident that drained the repaired link again (bench/paging.py, live).
             att = Attribution(damaged.link, [damaged.link],
-                              f"explained by the corruption {damaged.switch} names on {damaged.link}")
+                              f"explained by the corruption {damaged.switch} names on {damaged.link}",
+                              kind=AlertKind.CORRUPTION)
+            self.decided[a.alert_id] = att
+            return att
+        named = self._owner_names_corrupt(cands) if a.kind is AlertKind.LOSS else None
+        if named is not None:
+            # The same where this tracker does not see the corruption alert (one agent per switch): the
+            # receiver's verdict document lists the links its damaged-frame test names. Without it the loss
+            # was settled by the owner's ledger (which reads the discarded frames as lost), as a loss, while
+            # the owner's own tracker had the incident as a corruption: two pages for one fault.
+            owner, link = named
+            att = Attribution(link, [link], f"explained by the corruption {owner} names on {link} (its verdict)",
+                              kind=AlertKind.CORRUPTION)
             self.decided[a.alert_id] = att
             return att
         ups = [self.fabric.parse_link(c) for c in cands if node_kind(self.fabric.parse_link(c).dst) == "spine"]
@@ -400,6 +451,19 @@ class IncidentTracker:
         """An open corruption alert that names one of ``cands`` (its receiver's own damaged-frame test)."""
         return next((x for x in self.alerts.values() if x.kind is AlertKind.CORRUPTION and x.link in cands), None)
 
+    def _owner_names_corrupt(self, cands: list[str]) -> tuple[str, str] | None:
+        """(owner, link): the first of ``cands`` whose receiver, a switch, has an open corruption alert on it,
+        as its evidence source says (:meth:`EvidenceSource.corrupt`); None if none does or the source cannot
+        say."""
+        ask = getattr(self.source, "corrupt", None)
+        if ask is None:
+            return None
+        for c in cands:
+            owner = self.fabric.parse_link(c).dst
+            if node_kind(owner) in ("leaf", "spine") and ask(owner, c):
+                return owner, c
+        return None
+
     def _evidence(self, link: Link, since: float | Sequence[Span], loss: float,
                   toward: str | None = None) -> LinkEvidence | None:
         """The verdict evidence of ``link``'s owner (its downstream switch) since ``since``, for an alert of
@@ -439,6 +503,7 @@ class IncidentTracker:
     def tick(self, now: float) -> list[dict]:
         """Re-attribute the open alerts; publish what changed."""
         want: dict[str, tuple[Attribution, list[Alert]]] = {}
+        fault_kinds: dict[str, set[AlertKind]] = {}      # per incident: its alerts' kinds and what explains them
         for a in self.alerts.values():
             att = self.attribute(a)
             key = att.link or "|".join(sorted(att.candidates))
@@ -446,6 +511,7 @@ class IncidentTracker:
                 want[key][1].append(a)
             else:
                 want[key] = (att, [a])
+            fault_kinds.setdefault(key, set()).add(att.kind or a.kind)
         events: list[dict] = []
         renamed: dict[str, list[Incident]] = {}
         for iid, inc in list(self.incidents.items()):
@@ -458,7 +524,11 @@ class IncidentTracker:
             else:
                 events.append(inc.event("resolved", now, self.reporter))
         for key, (att, als) in want.items():
-            kinds = {a.kind for a in als}
+            kinds = fault_kinds[key]
+            if att.link and AlertKind.LOSS in kinds and AlertKind.CORRUPTION not in kinds \
+                    and self._owner_names_corrupt([att.link]) is not None:
+                # a loss settled before its link's receiver named the link corrupt: that corruption's
+                kinds.add(AlertKind.CORRUPTION)
             kind = next((k for k in (AlertKind.CORRUPTION, AlertKind.LOSS) if k in kinds), als[0].kind)
             inc = self.incidents.get(key)
             alerts = {a.alert_id: a for a in als}

@@ -565,7 +565,7 @@ def test_an_owner_file_of_another_format_gives_no_verdict(tmp_path, caplog):
         assert files.evidence("spine1", link, 0.0, 0.05) is None
         assert files.evidence("spine1", link, 0.0, 0.05) is None
     said = [r.getMessage() for r in caplog.records if "verdict file has format" in r.getMessage()]
-    assert len(said) == 1 and f"reads {VERDICT_FORMAT}" in said[0], said
+    assert len(said) == 1 and f"reads 3 and {VERDICT_FORMAT}" in said[0], said
 
 
 @pytest.mark.parametrize("corruption_first", [False, True])
@@ -645,3 +645,73 @@ def test_a_corruptions_loss_is_named_from_the_owners_verdict_file_in_a_tracker_o
     named = [(e["iteration"], e["link"]) for e in run.incidents if e.get("link")]
     assert named and {link for _, link in named} == {fault}, run.incidents
     assert min(i for i, _ in named) <= 21, named
+
+
+@pytest.mark.parametrize("rate", [0.02, 0.005])
+def test_one_agent_per_switch_pages_a_corruption_once_with_one_kind(tmp_path, rate):
+    """The same deployment seen from the pager: spine2's tracker (fed spine2's alerts) has the fault as a
+    corruption; the leaves' tracker must have it as the same, or the rule's ``max by (incident, link, kind,
+    state, domain)`` makes two pages (kind loss and kind corruption) of one fault. The leaves learn the kind
+    from spine2's verdict document (its ``corrupt_links``), so every incident event either tracker publishes
+    once spine2 names the corruption is ``leaf1->spine2``, a corruption, and the two trackers' open
+    incidents give the rule one series."""
+    from agent.incidents import VerdictFiles, write_verdicts
+
+    fault = "leaf1->spine2"
+    spec = ModelSpec(size=16 << 20, seed=7)
+    leaves = {sw for sw in Fabric(spec.fabric).switches if sw.startswith("leaf")}
+    open_series = []
+    for fed in (leaves, {"spine2"}):
+        d = tmp_path / "-".join(sorted(fed))
+        d.mkdir()
+
+        def export(i: int, dets: dict, d=d) -> None:
+            for det in dets.values():
+                write_verdicts(d, det)
+
+        run = run_model(spec, 30, {20: {"corrupt": {fault: rate}}}, on_pulse=export, fed=fed,
+                        evidence=lambda dets, d=d: VerdictFiles(d, None, max_age_s=3600))
+        named_at = min(a["iteration"] for a in run.alerts
+                       if a["switch"] == "spine2" and a["kind"] == "corruption" and a["event"] == "alert")
+        last: dict[str, dict] = {}          # incident id -> its latest event, after each pulse
+        for i in range(30):
+            for e in (e for e in run.incidents if e["iteration"] == i):
+                last[e["incident_id"]] = e
+                last.pop(e.get("previous_id"), None)      # a localizing incident continues under its link
+            if i >= named_at:               # what the tracker publishes once spine2 named it (each pulse's end)
+                now = {(e["incident_id"], e["kind"], e["state"]) for e in last.values() if e["event"] != "resolved"}
+                assert now == {(fault, "corruption", "localized")}, \
+                    (i, [(e["iteration"], e["event"], e["incident_id"], e["kind"], e["how"]) for e in run.incidents])
+        open_series += [(e["incident_id"], e["link"], e["kind"], e["state"], e["domain"]) for e in last.values()
+                        if e["event"] != "resolved"]
+    assert len(set(open_series)) == 1 and len(open_series) == 2, open_series
+
+
+def test_a_verdict_document_names_its_owners_corrupt_links_and_a_bad_one_is_refused(tmp_path):
+    """Format 4's ``corrupt_links``: what the owner's damaged-frame test names, read back through the checks
+    every document passes; a link name that breaks the schema's pattern refuses the whole document."""
+    from agent.incidents import VERDICT_FORMAT, VerdictFiles, check_verdict, write_verdicts
+    from netns_testbed.topo import Link
+
+    fault = "leaf1->spine2"
+    seen = {}
+
+    def export(i: int, dets: dict) -> None:
+        seen[i] = json.loads(write_verdicts(tmp_path, dets["spine2"]))
+
+    run_model(ModelSpec(size=16 << 20, seed=7), 24, {20: {"corrupt": {fault: 0.02}}}, on_pulse=export)
+    assert VERDICT_FORMAT == 4 and seen[19]["format"] == 4
+    assert seen[19]["corrupt_links"] == [] and seen[23]["corrupt_links"] == [fault], seen[23]["corrupt_links"]
+    src = VerdictFiles(tmp_path, None, max_age_s=3600)
+    assert src.corrupt("spine2", fault) and not src.corrupt("spine2", "leaf0->spine2")
+    assert not src.corrupt("spine1", fault)          # no file: says nothing
+    prev = {k: v for k, v in seen[23].items() if k != "corrupt_links"}     # the release before's file: read,
+    (tmp_path / "spine2.json").write_text(json.dumps({**prev, "format": 3}))   # and it names no corruption
+    assert check_verdict(json.dumps({**prev, "format": 3}), "spine2")["ncells"] == seen[23]["ncells"]
+    assert src.evidence("spine2", Link("leaf1", "spine2"), 0.0, 0.02) is not None
+    assert not src.corrupt("spine2", fault)
+    bad = dict(seen[23], corrupt_links=["leaf1->spine2; rm -rf /"])
+    with pytest.raises(Exception, match="corrupt_links"):
+        check_verdict(json.dumps(bad), "spine2")
+    (tmp_path / "spine2.json").write_text(json.dumps(bad))
+    assert not src.corrupt("spine2", fault)

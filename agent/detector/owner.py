@@ -65,8 +65,12 @@ class OwnerService:
         return path_evidence(self.ledger, cell, since, name, self.switch)
 
     def open_loss_links(self) -> set[str]:
-        return {oa.alert.link for oa in self.book.open.values()
-                if oa.alert.kind is AlertKind.LOSS and oa.alert.link}
+        return self.open_links(AlertKind.LOSS)
+
+    def open_links(self, kind: AlertKind) -> set[str]:
+        """The links this switch's open alerts of ``kind`` name (a corruption's: the links into it whose
+        frames arrive damaged, its own damaged-frame test)."""
+        return {oa.alert.link for oa in self.book.open.values() if oa.alert.kind is kind and oa.alert.link}
 
     def owned_evidence(self, link: Link, since: float | Sequence[Span], loss: float,
                        toward: str | None = None) -> LinkEvidence | None:
