@@ -4,7 +4,8 @@
 Runs ``scripts/guest-test.sh --kernel K -- SELECTION`` for every kernel and prints, per kernel: the hook
 its programs attach with (tcx from 6.6, else tc clsact), pytest's passed / failed / skipped, and the
 minutes it took (set-up, download on a first run, boot and pytest). Too long for CI (the guest is
-emulated: no KVM here); CI's test command keeps its 6.1 pass.
+emulated: no KVM here); CI's test command keeps its 6.1 pass. While a guest runs, its runner's progress
+comes on stderr: how far pytest got every five minutes, and a failing test at once.
 
   sudo .venv/bin/python bench/kernel_matrix.py                       # 6.1 and 6.12, the default selection
   sudo .venv/bin/python bench/kernel_matrix.py --kernel 6.12.107+deb12-amd64 -- tests/test_datapath_unit.py
@@ -30,6 +31,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,12 +73,7 @@ def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = 
             *(["--keep", str(kept)] if kept else []),
             "--", "--timeout=900", "-rfEs", *selection]
     print(f"kernel_matrix: {version}: {' '.join(selection)}", file=sys.stderr, flush=True)
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        rc, text = r.returncode, r.stdout + r.stderr
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout or b""
-        rc, text = 124, out.decode(errors="replace") if isinstance(out, bytes) else out
+    rc, text = guest(argv, timeout_s, f"kernel_matrix: {version}: ")
     summary = next((m.group(2) for line in text.splitlines() if (m := SUMMARY.match(line))), "")
     row = {"kernel": version, "hook": hook_of(version), "rc": rc, "minutes": round((time.monotonic() - t0) / 60, 1),
            **counts(summary), "summary": summary or (text.strip().splitlines() or ["no output"])[-1]}
@@ -89,6 +86,35 @@ def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = 
         if line.startswith("guest: kernel: "):
             print(f"kernel_matrix: {version}: {line[len('guest: '):]}", file=sys.stderr, flush=True)
     return row
+
+
+def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
+    """Run the guest runner; its progress lines (``guest: ...`` on stderr: boot, how far pytest got every few
+    minutes, a failure at once) are passed on as they come, after ``prefix``. Returns its exit status (124
+    when it ran past ``timeout_s``) and everything it printed."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    chunks: dict[str, list[str]] = {"out": [], "err": []}
+
+    def pump(stream, name: str) -> None:
+        for line in stream:
+            chunks[name].append(line)
+            if name == "err" and line.startswith("guest: ") and not line.startswith("guest: kernel: "):
+                sys.stderr.write(prefix + line[len("guest: "):])
+                sys.stderr.flush()
+
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
+             threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True)]
+    for t in pumps:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()                  # the runner's guest dies with it (PR_SET_PDEATHSIG)
+        proc.wait()
+        rc = 124
+    for t in pumps:
+        t.join(timeout=10)
+    return rc, "".join(chunks["out"]) + "".join(chunks["err"])
 
 
 def table(rows: list[dict]) -> str:

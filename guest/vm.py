@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -32,6 +33,8 @@ SHARE = "/flowpulse-guest"
 # layer is a tmpfs already, and checkouts live under /tmp (CI's clean clones); TMPDIR points pytest and
 # tempfile at /run/tmp instead of the host's /tmp below the overlay.
 GUEST_TMPFS = ("/run", "/dev/shm")
+PROGRESS_S = 300.0      # how often a long run says how far pytest got (at once when a test fails)
+_PROGRESS_LINE = re.compile(r"^([.FEsxX]+)\s*(?:\[\s*(\d+)%\])?\s*$")
 GUEST_MODULES = ("veth", "sch_ingress", "cls_bpf", "act_mirred", "sch_netem", "nf_tables", "bridge")
 
 RUN_SH = r"""#!/bin/bash
@@ -144,6 +147,28 @@ def hidden_in_guest(path: Path) -> str | None:
     return next((m for m in GUEST_TMPFS if path == Path(m) or Path(m) in path.parents), None)
 
 
+def progress(pytest_log: str) -> tuple[dict[str, int], int | None]:
+    """How far a running ``pytest -q`` got, from its log so far: its progress characters counted (passed,
+    failed, errors, skipped; xfail/xpass as passed) and the last percentage it printed (None before one)."""
+    n = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    pct = None
+    for line in pytest_log.splitlines():
+        m = _PROGRESS_LINE.match(line)
+        if m is None:
+            continue
+        for ch in m.group(1):
+            n["failed" if ch == "F" else "errors" if ch == "E" else "skipped" if ch == "s" else "passed"] += 1
+        if m.group(2) is not None:
+            pct = int(m.group(2))
+    return n, pct
+
+
+def progress_line(n: dict[str, int], pct: int | None, minutes: float) -> str:
+    """``guest: 42 min: 130 tests done (71%): 127 passed, 1 failed, 2 skipped``"""
+    return (f"guest: {minutes:.0f} min: {sum(n.values())} tests done{f' ({pct}%)' if pct is not None else ''}: "
+            + ", ".join(f"{v} {k}" for k, v in n.items() if v))
+
+
 def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3072, timeout_s: float = 1800.0,
         keep: Path | None = None, log=print) -> GuestResult:
     """Boot ``tree``'s kernel, run ``pytest <pytest_args>`` in the project's checkout as root, return what happened."""
@@ -171,10 +196,21 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                                     preexec_fn=_die_with_parent)
             old = signal.signal(signal.SIGTERM, _on_term)
+            said, bad, last_said = 0, 0, start
             try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
+                while proc.poll() is None and time.monotonic() - start < timeout_s:
+                    try:
+                        proc.wait(timeout=min(15.0, max(0.1, timeout_s - (time.monotonic() - start))))
+                    except subprocess.TimeoutExpired:
+                        pass
+                    log_now = share / "pytest.log"
+                    if proc.poll() is not None or not log_now.exists():
+                        continue
+                    n, pct = progress(log_now.read_text(errors="replace"))
+                    now, done, failing = time.monotonic(), sum(n.values()), n["failed"] + n["errors"]
+                    if failing > bad or (now - last_said >= PROGRESS_S and done > said):
+                        log(progress_line(n, pct, (now - start) / 60))
+                        said, bad, last_said = done, failing, now
             finally:
                 signal.signal(signal.SIGTERM, old)
                 if proc.poll() is None:      # timed out, SIGTERM or Ctrl-C: the guest goes with us

@@ -110,28 +110,42 @@ def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
     assert "grep -i 'killed process' $R/dmesg.log | sed 's/^/guest: kernel: /'" in text
 
 
-def test_kernel_matrix_gives_the_guest_its_memory_and_names_what_the_kernel_killed(monkeypatch, capsys):
+def test_kernel_matrix_gives_the_guest_its_memory_passes_its_progress_on_and_names_what_the_kernel_killed(
+        tmp_path, monkeypatch, capsys):
+    """The matrix runs the guest runner (here a stand-in script at its path): the memory flag reaches it,
+    the runner's progress lines are passed on, and what the guest's kernel killed is named."""
     import importlib.util
-    import subprocess
 
     spec = importlib.util.spec_from_file_location("kernel_matrix", Path(__file__).resolve().parents[1] / "bench" / "kernel_matrix.py")
     km = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(km)
-    seen = {}
-
-    def fake_run(argv, **kw):
-        seen["argv"] = argv
-        out = ("guest: kernel: [  301.2] Out of memory: Killed process 812 (python) total-vm:1200000kB\n"
-               "guest 6.12.107+deb12-amd64: 1 failed in 372.00s (0:06:12) (390 s in the guest)\n")
-        return subprocess.CompletedProcess(argv, 1, out, "")
-
-    monkeypatch.setattr(km.subprocess, "run", fake_run)
+    (tmp_path / "scripts").mkdir()
+    runner = tmp_path / "scripts" / "guest-test.sh"
+    runner.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv"\n'
+                      'echo "guest: 5 min: 40 tests done (30%): 40 passed" >&2\n'
+                      'echo "guest: kernel: [  301.2] Out of memory: Killed process 812 (python) total-vm:1200000kB" >&2\n'
+                      'echo "guest 6.12.107+deb12-amd64: 1 failed in 372.00s (0:06:12) (390 s in the guest)"\nexit 1\n')
+    runner.chmod(0o755)
+    monkeypatch.setattr(km, "ROOT", tmp_path)
     row = km.run("6.12.107+deb12-amd64", ["tests/test_localize_live.py"], 600, None, 6144)
-    argv = seen["argv"]
+    argv = (tmp_path / "scripts" / "argv").read_text().splitlines()
     assert argv[argv.index("--mem") + 1] == "6144" and argv.index("--mem") < argv.index("--")
-    assert row["failed"] == 1 and row["hook"] == "tcx"
+    assert row["failed"] == 1 and row["hook"] == "tcx" and row["rc"] == 1
     err = capsys.readouterr().err
+    assert "kernel_matrix: 6.12.107+deb12-amd64: 5 min: 40 tests done (30%): 40 passed\n" in err
     assert "kernel_matrix: 6.12.107+deb12-amd64: kernel: [  301.2] Out of memory: Killed process 812" in err
+
+
+def test_a_running_pytest_s_progress_is_read_from_its_log():
+    log = ("........................................................................ [ 41%]\n"
+           "....F.....s.E.x\n")
+    n, pct = vm.progress(log)
+    assert n == {"passed": 84, "failed": 1, "errors": 1, "skipped": 1} and pct == 41     # an xfail counts as passed
+    assert vm.progress_line(n, pct, 12.4) == "guest: 12 min: 87 tests done (41%): 84 passed, 1 failed, 1 errors, 1 skipped"
+    done = log + ".. [100%]\n\n=== short test summary info ===\nFAILED tests/test_x.py::test_y - assert\n" \
+                 "1 failed, 85 passed, 1 skipped, 1 xfailed, 1 error in 5.00s\n"
+    assert vm.progress(done) == ({"passed": 86, "failed": 1, "errors": 1, "skipped": 1}, 100)
+    assert vm.progress("") == ({"passed": 0, "failed": 0, "errors": 0, "skipped": 0}, None)
 
 
 def test_the_run_script_hides_nothing_a_checkout_under_tmp_needs():
