@@ -13,13 +13,23 @@ until the test command's time had to come down: the cost is hypothesis drawing t
 values), not the parsers, about 6 ms an input, so 10,000 cost the test command's first pass about 420
 of its ~950 CPU-seconds for the same inputs on every run (which every test command up to the cut
 passed).
+
+"The same inputs on every run" needs one more thing: hypothesis (since 6.131) also draws literal constants
+harvested from the project's modules that are loaded when it draws, so which tests ran before in the same
+process changed the inputs (a serial run and CI's ``-n 2`` workers drew different ones: the
+``fa_per_day`` overflow failed in a fresh clone's run and passed serially in the tree). This module
+imports every module of the project first (:func:`load_the_project`): the inputs are then a function of
+hypothesis's version and the project's code alone, whatever runs beside them.
 """
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
+import pkgutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +49,31 @@ from netns_testbed.topo import Fabric, FabricSpec, Link, SprayMode
 from netns_testbed.untrusted import BadInput
 from workload.launcher import parse_size
 
+PROJECT = ("agent", "analysis", "flowpulse", "guest", "netns_testbed", "workload")
+
+
+def load_the_project() -> list[str]:
+    """Import every module of the project's packages (a ``__main__`` aside) and return their names: the
+    literal constants hypothesis draws from are then all of the project's, in any process."""
+    names = []
+    for top in PROJECT:
+        for m in pkgutil.walk_packages(importlib.import_module(top).__path__, top + "."):
+            if not m.name.endswith(".__main__"):
+                importlib.import_module(m.name)
+                names.append(m.name)
+    return names
+
+
+LOADED = load_the_project()
+
+
+def test_every_module_of_the_project_is_loaded_before_the_inputs_are_drawn():
+    """A module the walk misses (a directory without ``__init__.py``) would put its constants in the pool
+    only when some other test imports it: the inputs would again depend on what ran before."""
+    root = Path(__file__).resolve().parent.parent
+    files = {".".join(p.relative_to(root).with_suffix("").parts) for top in PROJECT for p in (root / top).rglob("*.py")}
+    files = {f.removesuffix(".__init__") for f in files if not f.endswith(".__main__")}
+    assert files - set(PROJECT) == set(LOADED), sorted(files.symmetric_difference(set(LOADED) | set(PROJECT)))
 FUZZ_EXAMPLES = int(os.environ.get("FLOWPULSE_FUZZ_EXAMPLES", "2000"))
 FUZZ = settings(max_examples=FUZZ_EXAMPLES, derandomize=os.environ.get("FLOWPULSE_FUZZ_RANDOM") != "1",
                 deadline=None, database=None, suppress_health_check=list(HealthCheck))
