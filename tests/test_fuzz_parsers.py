@@ -74,6 +74,36 @@ def test_every_module_of_the_project_is_loaded_before_the_inputs_are_drawn():
     files = {".".join(p.relative_to(root).with_suffix("").parts) for top in PROJECT for p in (root / top).rglob("*.py")}
     files = {f.removesuffix(".__init__") for f in files if not f.endswith(".__main__")}
     assert files - set(PROJECT) == set(LOADED), sorted(files.symmetric_difference(set(LOADED) | set(PROJECT)))
+
+
+DRAW = """
+import hashlib, importlib, sys
+sys.path.insert(0, "tests")
+for m in sys.argv[1:]:
+    importlib.import_module(m)          # as an earlier test in the same worker would have
+import test_fuzz_parsers as T
+from hypothesis import given, settings
+h = hashlib.sha256()
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(T.json_values)
+def draw(v):
+    h.update(repr(v).encode())
+draw()
+print(h.hexdigest())
+"""
+
+
+def test_the_fixed_seed_draws_the_same_inputs_whatever_ran_before():
+    """Two processes, one of which imported project modules this module does not before it: the same
+    inputs (without :func:`load_the_project` they differed)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    digests = {subprocess.run([sys.executable, "-c", DRAW, *mods], cwd=root, env=env, capture_output=True, text=True,
+                              check=True).stdout for mods in ([], ["analysis.report", "workload.rank", "analysis.sweep"])}
+    assert len(digests) == 1, digests
 FUZZ_EXAMPLES = int(os.environ.get("FLOWPULSE_FUZZ_EXAMPLES", "2000"))
 FUZZ = settings(max_examples=FUZZ_EXAMPLES, derandomize=os.environ.get("FLOWPULSE_FUZZ_RANDOM") != "1",
                 deadline=None, database=None, suppress_health_check=list(HealthCheck))
