@@ -687,6 +687,30 @@ def test_one_agent_per_switch_pages_a_corruption_once_with_one_kind(tmp_path, ra
     assert len(set(open_series)) == 1 and len(open_series) == 2, open_series
 
 
+def test_a_loss_settled_before_its_receiver_names_the_link_corrupt_becomes_that_corruption():
+    """The other order: leaf2's loss through spine0 settled by spine0's ledger (upstream: leaf1->spine0), as a
+    loss, before spine0's damaged-frame test names the link. When spine0's verdict lists it corrupt, the same
+    incident becomes a corruption (an update, not a second incident); while it does not, it stays a loss."""
+
+    class Owner(SwitchableOwner):
+        def __init__(self):
+            super().__init__()
+            self.lossy, self.damaged = True, False
+
+        def corrupt(self, owner, link):
+            return self.damaged and (owner, link) == ("spine0", "leaf1->spine0")
+
+    src = Owner()
+    tr = IncidentTracker(Fabric(FabricSpec()), src)
+    evs = tr.feed(ambiguous_alert("leaf2", "leaf1->spine0", "spine0->leaf2", 1.0))
+    assert [(e["link"], e["kind"]) for e in evs if e.get("link")] == [("leaf1->spine0", "loss")], evs
+    assert tr.tick(2.0) == []
+    src.damaged = True
+    evs = tr.tick(3.0)
+    assert [(e["event"], e["incident_id"], e["kind"]) for e in evs] == [("update", "leaf1->spine0", "corruption")], evs
+    assert [(i.incident_id, i.kind) for i in tr.open()] == [("leaf1->spine0", "corruption")]
+
+
 def test_a_verdict_document_names_its_owners_corrupt_links_and_a_bad_one_is_refused(tmp_path):
     """Format 4's ``corrupt_links``: what the owner's damaged-frame test names, read back through the checks
     every document passes; a link name that breaks the schema's pattern refuses the whole document."""
