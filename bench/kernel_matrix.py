@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -112,6 +113,10 @@ def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
         proc.kill()                  # the runner's guest dies with it (PR_SET_PDEATHSIG)
         proc.wait()
         rc = 124
+    finally:
+        if proc.poll() is None:      # the matrix was stopped (SIGTERM, Ctrl-C): so is the runner, which
+            proc.terminate()         # kills its guest and keeps the logs so far (--keep)
+            proc.wait()
     for t in pumps:
         t.join(timeout=10)
     return rc, "".join(chunks["out"]) + "".join(chunks["err"])
@@ -135,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"guest memory in MiB (default {GUEST_MEM_MIB}: 8 DDP ranks)")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # unwinds run(), which stops its guest
     rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in (args.kernel or KERNELS)]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1

@@ -34,6 +34,7 @@ SHARE = "/flowpulse-guest"
 # tempfile at /run/tmp instead of the host's /tmp below the overlay.
 GUEST_TMPFS = ("/run", "/dev/shm")
 PROGRESS_S = 300.0      # how often a long run says how far pytest got (at once when a test fails)
+POLL_S = 15.0           # how often the runner reads the guest's pytest log while it runs
 _PROGRESS_LINE = re.compile(r"^([.FEsxX]+)\s*(?:\[\s*(\d+)%\])?\s*$")
 GUEST_MODULES = ("veth", "sch_ingress", "cls_bpf", "act_mirred", "sch_netem", "nf_tables", "bridge")
 
@@ -105,7 +106,8 @@ class GuestResult:
 
 
 class Stopped(Exception):
-    """SIGTERM while the guest ran: qemu was killed and the working directory removed."""
+    """SIGTERM while the guest ran: qemu was killed, the logs so far kept (``keep``) and the working
+    directory removed."""
 
 
 def _on_term(signum, frame) -> None:
@@ -200,7 +202,7 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
             try:
                 while proc.poll() is None and time.monotonic() - start < timeout_s:
                     try:
-                        proc.wait(timeout=min(15.0, max(0.1, timeout_s - (time.monotonic() - start))))
+                        proc.wait(timeout=min(POLL_S, max(0.1, timeout_s - (time.monotonic() - start))))
                     except subprocess.TimeoutExpired:
                         pass
                     log_now = share / "pytest.log"
@@ -229,14 +231,21 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
         else:
             rc, summary = None, "the guest stopped before pytest ended: " + \
                 ((guest_log or console_text).strip().splitlines() or ["no output"])[-1]
-        if keep is not None:
-            keep.mkdir(parents=True, exist_ok=True)
-            for name, text in (("pytest.log", pytest_log), ("guest.log", guest_log), ("console.log", console_text),
-                               ("dmesg.log", read(share / "dmesg.log"))):
-                (keep / name).write_text(text)
-            if (share / "pytest-tmp").is_dir():      # a failed run's test directories (run.sh copied them)
-                shutil.rmtree(keep / "pytest-tmp", ignore_errors=True)
-                shutil.copytree(share / "pytest-tmp", keep / "pytest-tmp", symlinks=True)
         return GuestResult(rc, summary, took, pytest_log, guest_log, console_text)
     finally:
+        if keep is not None:         # also when stopped: an hour's run leaves what it had got to
+            keep_logs(work, keep)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def keep_logs(work: Path, keep: Path) -> None:
+    """Copy a guest's logs (pytest's, the guest's, its console and kernel messages) and a failed run's
+    test directories from its working directory ``work`` to ``keep``."""
+    share = work / "share"
+    keep.mkdir(parents=True, exist_ok=True)
+    for name, src in (("pytest.log", share / "pytest.log"), ("guest.log", share / "guest.log"),
+                      ("console.log", work / "console.log"), ("dmesg.log", share / "dmesg.log")):
+        (keep / name).write_text(src.read_text(errors="replace") if src.exists() else "")
+    if (share / "pytest-tmp").is_dir():      # a failed run's test directories (run.sh copied them)
+        shutil.rmtree(keep / "pytest-tmp", ignore_errors=True)
+        shutil.copytree(share / "pytest-tmp", keep / "pytest-tmp", symlinks=True)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,72 @@ def test_the_guests_script_takes_a_cache_and_a_checkout_whose_paths_hold_spaces(
     assert f"cd {shlex.quote(str(tmp_path / 'a checkout'))}\n" in text
     assert f"{shlex.quote(str(tmp_path / 'a checkout/.venv/bin/python'))} -m pytest" in text
     subprocess.run(["bash", "-n", "-c", text], check=True)
+
+
+def fake_guest(monkeypatch, script: str) -> None:
+    """vm.run with qemu replaced by ``sh -c script SHARE`` (the script writes what the guest would to the
+    results share, $1) and no initramfs built."""
+    monkeypatch.setattr(vm, "initramfs", lambda tree, out: out.write_bytes(b""))
+    monkeypatch.setattr(vm, "qemu_argv", lambda tree, initrd, share, cpus, mem: ["sh", "-c", script, "sh", str(share)])
+    monkeypatch.setattr(vm, "POLL_S", 0.05)
+    if not (vm.REPO / ".venv" / "bin" / "python").exists():
+        pytest.skip("no .venv in this checkout (scripts/setup.sh makes it)")
+
+
+def test_a_running_guest_says_how_far_pytest_got_and_a_failure_at_once(tmp_path, monkeypatch):
+    fake_guest(monkeypatch, 'printf "....s" > $1/pytest.log; sleep 0.4; printf "F" >> $1/pytest.log; sleep 0.4; '
+                            'printf ".. [100%%]\\n1 failed, 6 passed, 1 skipped in 1.00s\\n" >> $1/pytest.log; '
+                            'echo 1 > $1/rc')
+    monkeypatch.setattr(vm, "PROGRESS_S", 0.2)
+    said = []
+    res = vm.run(fake_tree(tmp_path), ["tests/test_x.py"], timeout_s=60, keep=tmp_path / "kept", log=said.append)
+    assert res.rc == 1 and res.summary == "1 failed, 6 passed, 1 skipped in 1.00s", res
+    progress = [m for m in said if " tests done" in m]
+    assert any(m.endswith("5 tests done: 4 passed, 1 skipped") for m in progress), said          # every PROGRESS_S
+    assert any(m.endswith("6 tests done: 4 passed, 1 failed, 1 skipped") for m in progress), said   # at once
+    assert (tmp_path / "kept" / "pytest.log").read_text().endswith("in 1.00s\n")
+
+
+def test_a_stopped_guest_keeps_its_logs_so_far(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    fake_guest(monkeypatch, 'printf "...F" > $1/pytest.log; echo "guest: 14.0x slower" > $1/guest.log; sleep 30')
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(vm.Stopped):
+        vm.run(fake_tree(tmp_path), ["tests/test_x.py"], timeout_s=60, keep=tmp_path / "kept", log=lambda m: None)
+    assert (tmp_path / "kept" / "pytest.log").read_text() == "...F"
+    assert (tmp_path / "kept" / "guest.log").read_text().startswith("guest: 14.0x")
+
+
+def test_a_stopped_matrix_stops_its_guest(tmp_path):
+    """SIGTERM to the matrix reaches the guest runner it started (which kills its guest and keeps its logs):
+    it was left running, qemu and all, after the matrix went."""
+    import signal
+
+    (tmp_path / "bench").mkdir()
+    shutil.copy(REPO / "bench" / "kernel_matrix.py", tmp_path / "bench")
+    (tmp_path / "scripts").mkdir()
+    runner = tmp_path / "scripts" / "guest-test.sh"
+    runner.write_text(f'#!/bin/sh\necho $$ > {tmp_path}/pid\ntrap "echo stopped > {tmp_path}/runner; exit 143" TERM\n'
+                      f'echo started > {tmp_path}/runner\nwhile :; do sleep 0.1; done\n')
+    runner.chmod(0o755)
+    m = subprocess.Popen([sys.executable, str(tmp_path / "bench" / "kernel_matrix.py"), "--kernel", "6.1.0-57-amd64",
+                          "--", "tests/test_x.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 20
+        while not (tmp_path / "runner").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        m.send_signal(signal.SIGTERM)
+        assert m.wait(timeout=20) == 143
+        end = time.monotonic() + 5
+        while (tmp_path / "runner").read_text() != "stopped\n" and time.monotonic() < end:
+            time.sleep(0.05)
+        assert (tmp_path / "runner").read_text() == "stopped\n"
+    finally:
+        m.kill()
+        if (tmp_path / "pid").exists():      # a runner the matrix left (the fault this test is for) goes too
+            try:
+                os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
