@@ -92,6 +92,33 @@ def test_site_agents_catch_and_localize_a_one_percent_drop(make_testbed, tmp_pat
     assert named == {"leaf2->spine1"}, agents.incidents()
 
 
+def test_site_agents_name_a_corruption_as_one_incident_of_one_kind(make_testbed, tmp_path):
+    """One agent per switch, a 2% corruption on leaf1->spine2: spine2 names it from the damaged frames it
+    discards, and the leaves that miss those frames read a loss through spine2, which they join to it from
+    spine2's verdict file (its ``corrupt_links``). Every incident any agent names is leaf1->spine2 and a
+    corruption, so the alerting rule's join (by incident, link, kind, state, domain) pages once; the
+    leaves' incidents were losses before, a second page for the one fault."""
+    tb = make_testbed()
+    fault = "leaf1->spine2"
+    with SiteAgents(tb, tmp_path) as agents:
+        job_with_fault(tb, tmp_path, f"{fault}:corrupt=0.02@iter=8", 40, 4 << 20)
+    assert set(agents.exit_codes.values()) == {143}, {sw: agents.log(sw).read_text()[-500:] for sw in agents.procs}
+    raised = [a for a in agents.alerts() if a["event"] == "alert"]
+    assert any(a["switch"] == "spine2" and a["kind"] == "corruption" and a["link"] == fault for a in raised), raised
+    leaves_saw = [a for a in raised if a["switch"].startswith("leaf")]
+    assert leaves_saw and all(fault in a["candidates"] or a["link"] == fault for a in leaves_saw), leaves_saw
+    events = sorted(agents.incidents(), key=lambda i: i["time"])
+    said = [(i["time"], i["switches"], i["event"], i["link"], i["kind"], i["how"]) for i in events]
+    assert {i["link"] for i in events if i.get("link")} == {fault}, said
+    # once spine2 named it and wrote its verdict file (a pulse later at most: 2 s), every incident event is
+    # the corruption's; a leaf's loss settled in between by spine2's ledger becomes it (an update)
+    named_at = min(a["time"] for a in raised if a["switch"] == "spine2" and a["kind"] == "corruption")
+    late = [i for i in events if i["time"] > named_at + 2.0 and i["event"] != "resolved"]
+    assert late and {(i["incident_id"], i["kind"]) for i in late} == {(fault, "corruption")}, said
+    by_leaves = [i for i in events if i.get("link") and any(s.startswith("leaf") for s in i["switches"])]
+    assert by_leaves and by_leaves[-1]["kind"] == "corruption", said
+
+
 def test_netlink_counters_catch_a_spine_leaf_drop_and_stay_silent_for_100_healthy_iterations(make_testbed, tmp_path):
     """Interface statistics only (no BPF in the agents): leaves judge their uplinks' totals. 100 healthy
     iterations, then a 2% drop on spine1->leaf2: leaf2 must see it, every alert must hold the link, and
