@@ -379,20 +379,12 @@ class IncidentTracker:
             # a link its receiver names corrupt is that corruption's, not a second fault, and stays with it
             # (sticky) until it clears. Left to the owner's verdict, that verdict waited while the named
             # link was drained, came after the operator had repaired and restored it, and the loss became a
-            # second incident that drained the repaired link again (bench/paging.py, live).
-            att = Attribution(damaged.link, [damaged.link],
-                              f"explained by the corruption {damaged.switch} names on {damaged.link}",
-                              kind=AlertKind.CORRUPTION)
-            self.decided[a.alert_id] = att
-            return att
-        named = self._owner_names_corrupt(cands) if a.kind is AlertKind.LOSS else None
-        if named is not None:
-            # The same where this tracker does not see the corruption alert (one agent per switch): the
-            # receiver's verdict document lists the links its damaged-frame test names. Without it the loss
-            # was settled by the owner's ledger (which reads the discarded frames as lost), as a loss, while
-            # the owner's own tracker had the incident as a corruption: two pages for one fault.
-            owner, link = named
-            att = Attribution(link, [link], f"explained by the corruption {owner} names on {link} (its verdict)",
+            # second incident that drained the repaired link again (bench/paging.py, live). With one agent
+            # per switch the receiver's verdict document says it: settled by the owner's ledger instead
+            # (which reads the discarded frames as lost), the loss was a loss beside the owner's own
+            # corruption, two pages for one fault.
+            switch, link, via = damaged
+            att = Attribution(link, [link], f"explained by the corruption {switch} names on {link}{via}",
                               kind=AlertKind.CORRUPTION)
             self.decided[a.alert_id] = att
             return att
@@ -447,21 +439,20 @@ class IncidentTracker:
         self.decided[a.alert_id] = att
         return att
 
-    def _corrupt(self, cands: list[str]) -> Alert | None:
-        """An open corruption alert that names one of ``cands`` (its receiver's own damaged-frame test)."""
-        return next((x for x in self.alerts.values() if x.kind is AlertKind.CORRUPTION and x.link in cands), None)
-
-    def _owner_names_corrupt(self, cands: list[str]) -> tuple[str, str] | None:
-        """(owner, link): the first of ``cands`` whose receiver, a switch, has an open corruption alert on it,
-        as its evidence source says (:meth:`EvidenceSource.corrupt`); None if none does or the source cannot
-        say."""
+    def _corrupt(self, cands: list[str]) -> tuple[str, str, str] | None:
+        """(receiver, link, how it is known): the first of ``cands`` its receiver's damaged-frame test names
+        corrupt, from an open corruption alert this tracker sees (how: "") or else the receiver's evidence
+        source (:meth:`EvidenceSource.corrupt`, a verdict document: " (its verdict)"); None if none is."""
+        seen = next((x for x in self.alerts.values() if x.kind is AlertKind.CORRUPTION and x.link in cands), None)
+        if seen is not None:
+            return seen.switch, seen.link, ""
         ask = getattr(self.source, "corrupt", None)
         if ask is None:
             return None
         for c in cands:
             owner = self.fabric.parse_link(c).dst
             if node_kind(owner) in ("leaf", "spine") and ask(owner, c):
-                return owner, c
+                return owner, c, " (its verdict)"
         return None
 
     def _evidence(self, link: Link, since: float | Sequence[Span], loss: float,
@@ -526,7 +517,7 @@ class IncidentTracker:
         for key, (att, als) in want.items():
             kinds = fault_kinds[key]
             if att.link and AlertKind.LOSS in kinds and AlertKind.CORRUPTION not in kinds \
-                    and self._owner_names_corrupt([att.link]) is not None:
+                    and self._corrupt([att.link]) is not None:
                 # a loss settled before its link's receiver named the link corrupt: that corruption's
                 kinds.add(AlertKind.CORRUPTION)
             kind = next((k for k in (AlertKind.CORRUPTION, AlertKind.LOSS) if k in kinds), als[0].kind)

@@ -104,6 +104,8 @@ def test_the_fixed_seed_draws_the_same_inputs_whatever_ran_before():
     digests = {subprocess.run([sys.executable, "-c", DRAW, *mods], cwd=root, env=env, capture_output=True, text=True,
                               check=True).stdout for mods in ([], ["analysis.report", "workload.rank", "analysis.sweep"])}
     assert len(digests) == 1, digests
+
+
 FUZZ_EXAMPLES = int(os.environ.get("FLOWPULSE_FUZZ_EXAMPLES", "2000"))
 FUZZ = settings(max_examples=FUZZ_EXAMPLES, derandomize=os.environ.get("FLOWPULSE_FUZZ_RANDOM") != "1",
                 deadline=None, database=None, suppress_health_check=list(HealthCheck))
