@@ -11,6 +11,19 @@ comes on stderr: how far pytest got every five minutes, and a failing test at on
   sudo .venv/bin/python bench/kernel_matrix.py --kernel 6.12.107+deb12-amd64 -- tests/test_datapath_unit.py
   sudo .venv/bin/python bench/kernel_matrix.py --json > matrix.json
   sudo .venv/bin/python bench/kernel_matrix.py --keep /tmp/matrix-logs      # each guest's logs, failures named
+  sudo .venv/bin/python bench/kernel_matrix.py --resume ~/matrix --timeout-min 90   # as far as 90 min a kernel goes
+  sudo .venv/bin/python bench/kernel_matrix.py --resume ~/matrix --dry-run          # what is left, the table so far
+
+With ``--resume DIR`` the selection can be run over several sittings: each test's outcome on each kernel is
+recorded in DIR (guest/ledger.py: per test, the commit and a digest of the code the tests run) as the
+guest finishes it, and the next run with the same DIR runs only the tests with no record at this code's
+digest, or whose last one failed. Stopping it (Ctrl-C, SIGTERM, --timeout-min) loses only the test that
+was running. The table then counts every test of the selection from the records: passed, failed,
+skipped, errors, not yet run, the pytest minutes they took, how many guest runs they came from, and
+which tests passed only on a second try. A change to the code (not to the docs) starts the records
+afresh; uncommitted code changes are refused. The tests are found on this machine
+(``pytest --collect-only``) and given to the guest by node id; each guest's logs are kept in
+``DIR/<kernel>/<run>/``.
 
 The default selection is every root test whose outcome the kernel can change: the datapath's programs
 and maps (unit tests, the libbpf layer, the C contract), fabric build and teardown with the counters
@@ -28,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import subprocess
@@ -37,6 +51,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from guest import ledger  # noqa: E402
+from guest.kernel import check_version  # noqa: E402
+from netns_testbed.errors import EnvironmentProblem, SpecError  # noqa: E402
+
 KERNELS = ["6.1.0-57-amd64", "6.12.107+deb12-amd64"]
 SELECTION = ["tests/test_datapath_unit.py", "tests/test_bpfmaps.py", "tests/test_libbpf_abi.py", "tests/test_contract.py",
              "tests/test_counting_object.py",
@@ -110,8 +130,12 @@ def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
     try:
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        proc.kill()                  # the runner's guest dies with it (PR_SET_PDEATHSIG)
-        proc.wait()
+        proc.terminate()             # the runner kills its guest and keeps its logs so far (--keep)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()              # the runner's guest dies with it (PR_SET_PDEATHSIG)
+            proc.wait()
         rc = 124
     finally:
         if proc.poll() is None:      # the matrix was stopped (SIGTERM, Ctrl-C): so is the runner, which
@@ -129,6 +153,100 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def collect(selection: list[str]) -> list[str]:
+    """The node ids of a pytest selection, found on this machine (``pytest --collect-only -q``)."""
+    py = ROOT / ".venv" / "bin" / "python"
+    out = subprocess.run([str(py if py.exists() else sys.executable), "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *selection], cwd=ROOT, capture_output=True, text=True)
+    ids = [line for line in out.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if out.returncode != 0 or not ids:
+        said = [l for l in (out.stdout + out.stderr).splitlines() if l.strip()]
+        raise SpecError(f"pytest found no tests in {' '.join(selection)} ({said[-1] if said else 'no output'}): "
+                        "give test files or node ids of this checkout")
+    return ids
+
+
+def run_resumed(version: str, ids: list[str], timeout_s: int, book: ledger.Ledger, digest: str, commit: str,
+                mem_mib: int = GUEST_MEM_MIB) -> ledger.Run:
+    """Run on ``version`` the tests of ``ids`` that the records in ``book`` do not have at ``digest`` yet, and
+    record each one the guest finishes, also when this run is stopped or runs out of time."""
+    left = ledger.todo(ids, book.current(version, digest))
+    run_id = f"{version}@{time.strftime('%Y%m%dT%H%M%S')}"
+    kept = book.dir / version / run_id.split("@")[1]
+    argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
+            "--mem", str(mem_mib), "--keep", str(kept), "--", "--timeout=900", "-rfEs", *left]
+    print(f"kernel_matrix: {version}: {len(left)} of {len(ids)} tests to run (the records in {book.dir} have the rest "
+          f"at this code)", file=sys.stderr, flush=True)
+    t0, rc = time.monotonic(), None
+    try:
+        rc, _ = guest(argv, timeout_s, f"kernel_matrix: {version}: ")
+    finally:                # also when stopped: what the guest finished is recorded
+        log = (kept / "report.jsonl").read_text(errors="replace") if (kept / "report.jsonl").exists() else ""
+        recs = ledger.new_records(version, log, digest, commit, run_id, left)
+        done = ledger.Run(version, run_id, digest, commit, len(left), len(recs), rc,
+                          round((time.monotonic() - t0) / 60, 1))
+        book.add(recs, done)
+        print(f"kernel_matrix: {version}: recorded {len(recs)} of {len(left)} tests ({done.minutes} min)",
+              file=sys.stderr, flush=True)
+    return done
+
+
+def resumed_row(version: str, ids: list[str], book: ledger.Ledger, digest: str) -> dict:
+    """One kernel's row from the records: every test of the selection counted by its latest outcome at this
+    code's digest, or as not run."""
+    cur = book.current(version, digest)
+    have = [cur[t] for t in ids if t in cur]
+    n = {o: sum(r.outcome == o for r in have) for o in ledger.OUTCOMES}
+    runs = sorted({r.run for r in have})
+    guest_min = sum(r.minutes for r in book.runs() if r.kernel == version and r.digest == digest)
+    return {"kernel": version, "hook": hook_of(version), "passed": n["passed"], "failed": n["failed"],
+            "skipped": n["skipped"], "errors": n["error"], "not_run": len(ids) - len(have),
+            "minutes": round(sum(r.seconds for r in have) / 60, 1), "guest_minutes": round(guest_min, 1),
+            "runs": len(runs), "commits": sorted({r.commit[:10] for r in have}), "digest": digest,
+            "failed_tests": [r.test for r in have if r.outcome in ("failed", "error")],
+            "second_try": [t for t in book.failed_then_passed(version, digest) if t in set(ids)]}
+
+
+def resumed_table(rows: list[dict]) -> str:
+    head = (f"{'kernel':24} {'hook':10} {'passed':>6} {'failed':>6} {'skipped':>7} {'errors':>6} {'not run':>7} "
+            f"{'minutes':>7} {'guest min':>9} {'runs':>4}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['kernel']:24} {r['hook']:10} {r['passed']:>6} {r['failed']:>6} {r['skipped']:>7} "
+                     f"{r['errors']:>6} {r['not_run']:>7} {r['minutes']:>7} {r['guest_minutes']:>9} {r['runs']:>4}")
+    for r in rows:
+        lines += [f"{r['kernel']}: failed: {t}" for t in r["failed_tests"]]
+        lines += [f"{r['kernel']}: passed on a second try: {t}" for t in r["second_try"]]
+    digests = sorted({r["digest"] for r in rows})
+    lines.append(f"code digest {', '.join(digests)}; commits {', '.join(sorted({c for r in rows for c in r['commits']}))}"
+                 "; minutes: the tests' own (pytest), guest min: every run's, set-up and boot included")
+    return "\n".join(lines)
+
+
+def resume(args: argparse.Namespace, kernels: list[str]) -> int:
+    ledger.Ledger.check(args.resume)
+    digest, commit = ledger.code_digest(ROOT)
+    ids = collect(args.tests or SELECTION)
+    if not args.dry_run and os.geteuid() != 0:
+        raise EnvironmentProblem("the guest runs its tests as root over the host's root filesystem: run with sudo")
+    book = ledger.Ledger(args.resume)
+    if book.records() and book.unreadable:
+        print(f"kernel_matrix: {book.unreadable} lines of {book.records_path} are not records: passed over",
+              file=sys.stderr)
+    failed_runs = 0
+    for k in kernels:
+        if args.dry_run:
+            print(f"kernel_matrix: {k}: {len(ledger.todo(ids, book.current(k, digest)))} of {len(ids)} tests "
+                  "left to run at this code", file=sys.stderr)
+        elif ledger.todo(ids, book.current(k, digest)):
+            done = run_resumed(k, ids, args.timeout_min * 60, book, digest, commit, args.mem)
+            failed_runs += done.rc not in (0, 1)       # 1: a test failed, which the row says
+    rows = [resumed_row(k, ids, book, digest) for k in kernels]
+    print(json.dumps(rows, indent=2) if args.json else resumed_table(rows))
+    complete = all(r["failed"] == r["errors"] == r["not_run"] == 0 for r in rows)
+    return 0 if complete and not failed_runs else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,12 +254,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-min", type=int, default=240, help="per kernel, minutes")
     ap.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
     ap.add_argument("--keep", type=Path, help="keep each guest's logs in DIR/<kernel>/ and name the failed tests")
+    ap.add_argument("--resume", type=Path, metavar="DIR",
+                    help="record each test's outcome in DIR and run only what DIR has no record of at this code")
+    ap.add_argument("--dry-run", action="store_true", help="with --resume: say what is left and print the table so far")
     ap.add_argument("--mem", type=int, default=GUEST_MEM_MIB,
                     help=f"guest memory in MiB (default {GUEST_MEM_MIB}: 8 DDP ranks)")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # unwinds run(), which stops its guest
-    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in (args.kernel or KERNELS)]
+    try:
+        kernels = [check_version(k) for k in (args.kernel or KERNELS)]
+        if not 1 <= args.timeout_min <= 1440 or not 1024 <= args.mem <= 65536:
+            raise SpecError("bad --timeout-min/--mem: 1-1440 minutes, 1024-65536 MiB")
+        if args.dry_run and args.resume is None:
+            raise SpecError("--dry-run reads the records of --resume DIR: give --resume DIR")
+        if args.resume is not None and args.keep is not None:
+            raise SpecError("--resume DIR keeps every guest's logs in DIR/<kernel>/: leave out --keep")
+        if args.resume is not None:
+            return resume(args, kernels)
+    except SpecError as e:
+        print(f"kernel_matrix: {e}", file=sys.stderr)
+        return 2
+    except EnvironmentProblem as e:
+        print(f"kernel_matrix: {e}", file=sys.stderr)
+        return 3
+    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in kernels]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

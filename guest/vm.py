@@ -79,7 +79,9 @@ echo "guest: kernel $V, $(nproc) CPUs, sch_netem $(lsmod | grep -q '^sch_netem' 
 export FLOWPULSE_SLOWDOWN=$(%(python)s -m netns_testbed.slowdown --against %(host_s).4f)
 echo "guest: ${FLOWPULSE_SLOWDOWN}x slower than the host (FLOWPULSE_SLOWDOWN)"
 start=$(date +%%s)
-%(python)s -m pytest -q -p no:cacheprovider "${args[@]}" > $R/pytest.log 2>&1
+# report.jsonl: one JSON object a finished test phase, flushed as written (pytest-reportlog), so that a run
+# stopped midway still says which tests ended and how (bench/kernel_matrix.py --resume records them)
+%(python)s -m pytest -q -p no:cacheprovider --report-log=$R/report.jsonl "${args[@]}" > $R/pytest.log 2>&1
 rc=$?
 # the kernel's messages (the console shows only the critical ones): an OOM kill, a BPF verifier or
 # netlink complaint; the processes the kernel killed are named in the run's log
@@ -239,12 +241,13 @@ def run(tree: KernelTree, pytest_args: list[str], cpus: int = 2, mem_mb: int = 3
 
 
 def keep_logs(work: Path, keep: Path) -> None:
-    """Copy a guest's logs (pytest's, the guest's, its console and kernel messages) and a failed run's
-    test directories from its working directory ``work`` to ``keep``."""
+    """Copy a guest's logs (pytest's and its report log, the guest's, its console and kernel messages) and a
+    failed run's test directories from its working directory ``work`` to ``keep``."""
     share = work / "share"
     keep.mkdir(parents=True, exist_ok=True)
-    for name, src in (("pytest.log", share / "pytest.log"), ("guest.log", share / "guest.log"),
-                      ("console.log", work / "console.log"), ("dmesg.log", share / "dmesg.log")):
+    for name, src in (("pytest.log", share / "pytest.log"), ("report.jsonl", share / "report.jsonl"),
+                      ("guest.log", share / "guest.log"), ("console.log", work / "console.log"),
+                      ("dmesg.log", share / "dmesg.log")):
         (keep / name).write_text(src.read_text(errors="replace") if src.exists() else "")
     if (share / "pytest-tmp").is_dir():      # a failed run's test directories (run.sh copied them)
         shutil.rmtree(keep / "pytest-tmp", ignore_errors=True)

@@ -109,6 +109,8 @@ def test_run_script_reads_pytest_arguments_as_lines_never_through_a_shell():
     # in the guest's log: a rank killed by the OOM killer read only "exit -9" before
     assert text.index("-m pytest") < text.index("dmesg > $R/dmesg.log") < text.index("echo $rc > $R/rc")
     assert "grep -i 'killed process' $R/dmesg.log | sed 's/^/guest: kernel: /'" in text
+    # each finished test's outcome goes to the share as it happens (the matrix's --resume records them)
+    assert '-m pytest -q -p no:cacheprovider --report-log=$R/report.jsonl "${args[@]}"' in text
 
 
 def test_kernel_matrix_gives_the_guest_its_memory_passes_its_progress_on_and_names_what_the_kernel_killed(
@@ -346,12 +348,14 @@ def test_a_stopped_guest_keeps_its_logs_so_far(tmp_path, monkeypatch):
     import signal
     import threading
 
-    fake_guest(monkeypatch, 'printf "...F" > $1/pytest.log; echo "guest: 14.0x slower" > $1/guest.log; sleep 30')
+    fake_guest(monkeypatch, 'printf "...F" > $1/pytest.log; echo "guest: 14.0x slower" > $1/guest.log; '
+                            'echo "{}" > $1/report.jsonl; sleep 30')
     threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
     with pytest.raises(vm.Stopped):
         vm.run(fake_tree(tmp_path), ["tests/test_x.py"], timeout_s=60, keep=tmp_path / "kept", log=lambda m: None)
     assert (tmp_path / "kept" / "pytest.log").read_text() == "...F"
     assert (tmp_path / "kept" / "guest.log").read_text().startswith("guest: 14.0x")
+    assert (tmp_path / "kept" / "report.jsonl").read_text() == "{}\n"
 
 
 def test_a_stopped_matrix_stops_its_guest(tmp_path):
