@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from guest import ledger  # noqa: E402
 from guest.kernel import check_version  # noqa: E402
-from netns_testbed.errors import EnvironmentProblem, SpecError  # noqa: E402
+from netns_testbed.errors import EnvironmentProblem, SpecError, UserError  # noqa: E402
 
 KERNELS = ["6.1.0-57-amd64", "6.12.107+deb12-amd64"]
 SELECTION = ["tests/test_datapath_unit.py", "tests/test_bpfmaps.py", "tests/test_libbpf_abi.py", "tests/test_contract.py",
@@ -272,12 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SpecError("--resume DIR keeps every guest's logs in DIR/<kernel>/: leave out --keep")
         if args.resume is not None:
             return resume(args, kernels)
-    except SpecError as e:
+    except UserError as e:          # one line; 2 bad input, 3 the environment
         print(f"kernel_matrix: {e}", file=sys.stderr)
-        return 2
-    except EnvironmentProblem as e:
-        print(f"kernel_matrix: {e}", file=sys.stderr)
-        return 3
+        return int(e.code)
     rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in kernels]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1

@@ -312,3 +312,13 @@ def test_a_stopped_resumed_run_records_what_the_guest_finished(tmp_path):
     recs = ledger.Ledger(book).records()
     assert [r.test.split("::")[1] for r in recs] == ["test_a", "test_b"]
     assert [r.recorded for r in ledger.Ledger(book).runs()] == [2]
+
+
+def test_without_root_it_says_so_and_runs_nothing_but_a_dry_run_reads_the_records(km, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(km.os, "geteuid", lambda: 1000)
+    args = ["--kernel", "6.1.0-57-amd64", "--resume", str(tmp_path / "records"), "--", "tests/test_k.py"]
+    assert km.main(args) == 3
+    assert "run with sudo" in capsys.readouterr().err and calls(km.ROOT) == []
+    assert km.main(["--dry-run", *args]) == 1            # five tests not run yet: not complete
+    assert "6.1.0-57-amd64: 5 of 5 tests left to run at this code" in capsys.readouterr().err
+    assert calls(km.ROOT) == [] and not (tmp_path / "records").exists()
