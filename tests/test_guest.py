@@ -371,7 +371,8 @@ def test_a_stopped_matrix_stops_its_guest(tmp_path):
                       f'echo started > {tmp_path}/runner\nwhile :; do sleep 0.1; done\n')
     runner.chmod(0o755)
     m = subprocess.Popen([sys.executable, str(tmp_path / "bench" / "kernel_matrix.py"), "--kernel", "6.1.0-57-amd64",
-                          "--", "tests/test_x.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--", "tests/test_x.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})     # the copy imports the project's modules
     try:
         end = time.monotonic() + 20
         while not (tmp_path / "runner").exists() and time.monotonic() < end:
