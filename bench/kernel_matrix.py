@@ -15,13 +15,14 @@ comes on stderr: how far pytest got every five minutes, and a failing test at on
   sudo .venv/bin/python bench/kernel_matrix.py --resume ~/matrix --dry-run          # what is left, the table so far
 
 With ``--resume DIR`` the selection can be run over several sittings: each test's outcome on each kernel is
-recorded in DIR (guest/ledger.py: per test, the commit and a digest of the code the tests run) as the
-guest finishes it, and the next run with the same DIR runs only the tests with no record at this code's
-digest, or whose last one failed. Stopping it (Ctrl-C, SIGTERM, --timeout-min) loses only the test that
-was running. The table then counts every test of the selection from the records: passed, failed,
-skipped, errors, not yet run, the pytest minutes they took, how many guest runs they came from, and
-which tests passed only on a second try. A change to the code (not to the docs) starts the records
-afresh; uncommitted code changes are refused. The tests are found on this machine
+recorded in DIR (guest/ledger.py: per test, with the commit it ran) as the guest finishes it, and the next
+run with the same DIR runs only the tests with no record for this code, or whose last one failed. A
+record holds while no file the selection runs has changed between its commit and HEAD (a commit to the
+docs, to the matrix or to another test file keeps it; a change to the code starts afresh), and
+uncommitted code changes are refused. Stopping it (Ctrl-C, SIGTERM, --timeout-min) loses only the test
+that was running. The table counts every test of the selection from the records: passed, failed,
+skipped, errors, not yet run, the pytest minutes they took, the guest runs they came from and their
+minutes, and which tests passed only on a second try. The tests are found on this machine
 (``pytest --collect-only``) and given to the guest by node id; each guest's logs are kept in
 ``DIR/<kernel>/<run>/``.
 
@@ -109,6 +110,15 @@ def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = 
     return row
 
 
+def brief(line: str, most: int = 6) -> str:
+    """The runner's boot line with its pytest arguments cut to ``most`` (--resume gives it every node id)."""
+    head, sep, rest = line.partition(", pytest ")
+    words = rest.split()
+    if not sep or len(words) <= most:
+        return line
+    return f"{head}{sep}{' '.join(words[:most])} ... ({len(words) - most} more arguments)\n"
+
+
 def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
     """Run the guest runner; its progress lines (``guest: ...`` on stderr: boot, how far pytest got every few
     minutes, a failure at once) are passed on as they come, after ``prefix``. Returns its exit status (124
@@ -120,7 +130,7 @@ def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
         for line in stream:
             chunks[name].append(line)
             if name == "err" and line.startswith("guest: ") and not line.startswith("guest: kernel: "):
-                sys.stderr.write(prefix + line[len("guest: "):])
+                sys.stderr.write(prefix + brief(line[len("guest: "):]))
                 sys.stderr.flush()
 
     pumps = [threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
@@ -166,83 +176,84 @@ def collect(selection: list[str]) -> list[str]:
     return ids
 
 
-def run_resumed(version: str, ids: list[str], timeout_s: int, book: ledger.Ledger, digest: str, commit: str,
+def run_resumed(version: str, ids: list[str], timeout_s: int, book: ledger.Ledger, valid: set[str], commit: str,
                 mem_mib: int = GUEST_MEM_MIB) -> ledger.Run:
-    """Run on ``version`` the tests of ``ids`` that the records in ``book`` do not have at ``digest`` yet, and
-    record each one the guest finishes, also when this run is stopped or runs out of time."""
-    left = ledger.todo(ids, book.current(version, digest))
+    """Run on ``version`` the tests of ``ids`` that the records in ``book`` from the ``valid`` commits do not
+    have yet, and record each one the guest finishes, also when this run is stopped or runs out of time."""
+    left = ledger.todo(ids, book.current(version, valid))
     run_id = f"{version}@{time.strftime('%Y%m%dT%H%M%S')}"
     kept = book.dir / version / run_id.split("@")[1]
     argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
             "--mem", str(mem_mib), "--keep", str(kept), "--", "--timeout=900", "-rfEs", *left]
     print(f"kernel_matrix: {version}: {len(left)} of {len(ids)} tests to run (the records in {book.dir} have the rest "
-          f"at this code)", file=sys.stderr, flush=True)
+          f"for this code)", file=sys.stderr, flush=True)
     t0, rc = time.monotonic(), None
     try:
         rc, _ = guest(argv, timeout_s, f"kernel_matrix: {version}: ")
     finally:                # also when stopped: what the guest finished is recorded
         log = (kept / "report.jsonl").read_text(errors="replace") if (kept / "report.jsonl").exists() else ""
-        recs = ledger.new_records(version, log, digest, commit, run_id, left)
-        done = ledger.Run(version, run_id, digest, commit, len(left), len(recs), rc,
-                          round((time.monotonic() - t0) / 60, 1))
+        recs = ledger.new_records(version, log, commit, run_id, left)
+        done = ledger.Run(version, run_id, commit, len(left), len(recs), rc, round((time.monotonic() - t0) / 60, 1))
         book.add(recs, done)
         print(f"kernel_matrix: {version}: recorded {len(recs)} of {len(left)} tests ({done.minutes} min)",
               file=sys.stderr, flush=True)
     return done
 
 
-def resumed_row(version: str, ids: list[str], book: ledger.Ledger, digest: str) -> dict:
-    """One kernel's row from the records: every test of the selection counted by its latest outcome at this
-    code's digest, or as not run."""
-    cur = book.current(version, digest)
+def resumed_row(version: str, ids: list[str], book: ledger.Ledger, valid: set[str]) -> dict:
+    """One kernel's row from the records: every test of the selection counted by its latest valid outcome,
+    or as not run."""
+    cur = book.current(version, valid)
     have = [cur[t] for t in ids if t in cur]
     n = {o: sum(r.outcome == o for r in have) for o in ledger.OUTCOMES}
-    runs = sorted({r.run for r in have})
-    guest_min = sum(r.minutes for r in book.runs() if r.kernel == version and r.digest == digest)
+    runs = {r.run for r in have}
+    guest_min = sum(r.minutes for r in book.runs() if r.run in runs)
     return {"kernel": version, "hook": hook_of(version), "passed": n["passed"], "failed": n["failed"],
             "skipped": n["skipped"], "errors": n["error"], "not_run": len(ids) - len(have),
             "minutes": round(sum(r.seconds for r in have) / 60, 1), "guest_minutes": round(guest_min, 1),
-            "runs": len(runs), "commits": sorted({r.commit[:10] for r in have}), "digest": digest,
+            "runs": len(runs), "commits": sorted({r.commit[:10] for r in have}),
             "failed_tests": [r.test for r in have if r.outcome in ("failed", "error")],
-            "second_try": [t for t in book.failed_then_passed(version, digest) if t in set(ids)]}
+            "second_try": [t for t in book.failed_then_passed(version, valid) if t in set(ids)]}
 
 
-def resumed_table(rows: list[dict]) -> str:
-    head = (f"{'kernel':24} {'hook':10} {'passed':>6} {'failed':>6} {'skipped':>7} {'errors':>6} {'not run':>7} "
-            f"{'minutes':>7} {'guest min':>9} {'runs':>4}")
-    lines = [head]
+def resumed_table(rows: list[dict], head: str) -> str:
+    top = (f"{'kernel':24} {'hook':10} {'passed':>6} {'failed':>6} {'skipped':>7} {'errors':>6} {'not run':>7} "
+           f"{'minutes':>7} {'guest min':>9} {'runs':>4}")
+    lines = [top]
     for r in rows:
         lines.append(f"{r['kernel']:24} {r['hook']:10} {r['passed']:>6} {r['failed']:>6} {r['skipped']:>7} "
                      f"{r['errors']:>6} {r['not_run']:>7} {r['minutes']:>7} {r['guest_minutes']:>9} {r['runs']:>4}")
     for r in rows:
         lines += [f"{r['kernel']}: failed: {t}" for t in r["failed_tests"]]
         lines += [f"{r['kernel']}: passed on a second try: {t}" for t in r["second_try"]]
-    digests = sorted({r["digest"] for r in rows})
-    lines.append(f"code digest {', '.join(digests)}; commits {', '.join(sorted({c for r in rows for c in r['commits']}))}"
-                 "; minutes: the tests' own (pytest), guest min: every run's, set-up and boot included")
+    commits = sorted({c for r in rows for c in r["commits"]})
+    lines.append(f"the code of {head[:10]}; records from {', '.join(commits) or 'no commit yet'}; minutes: the tests' "
+                 "own (pytest), guest min: the runs they came from, set-up and boot included")
     return "\n".join(lines)
 
 
 def resume(args: argparse.Namespace, kernels: list[str]) -> int:
     ledger.Ledger.check(args.resume)
-    digest, commit = ledger.code_digest(ROOT)
     ids = collect(args.tests or SELECTION)
+    files = ledger.test_files(ids)
+    commit = ledger.head(ROOT, files)
     if not args.dry_run and os.geteuid() != 0:
         raise EnvironmentProblem("the guest runs its tests as root over the host's root filesystem: run with sudo")
     book = ledger.Ledger(args.resume)
-    if book.records() and book.unreadable:
+    valid = book.valid(ROOT, files) | {commit}
+    if book.unreadable:
         print(f"kernel_matrix: {book.unreadable} lines of {book.records_path} are not records: passed over",
               file=sys.stderr)
     failed_runs = 0
     for k in kernels:
         if args.dry_run:
-            print(f"kernel_matrix: {k}: {len(ledger.todo(ids, book.current(k, digest)))} of {len(ids)} tests "
-                  "left to run at this code", file=sys.stderr)
-        elif ledger.todo(ids, book.current(k, digest)):
-            done = run_resumed(k, ids, args.timeout_min * 60, book, digest, commit, args.mem)
+            print(f"kernel_matrix: {k}: {len(ledger.todo(ids, book.current(k, valid)))} of {len(ids)} tests "
+                  "left to run for this code", file=sys.stderr)
+        elif ledger.todo(ids, book.current(k, valid)):
+            done = run_resumed(k, ids, args.timeout_min * 60, book, valid, commit, args.mem)
             failed_runs += done.rc not in (0, 1)       # 1: a test failed, which the row says
-    rows = [resumed_row(k, ids, book, digest) for k in kernels]
-    print(json.dumps(rows, indent=2) if args.json else resumed_table(rows))
+    rows = [resumed_row(k, ids, book, valid) for k in kernels]
+    print(json.dumps(rows, indent=2) if args.json else resumed_table(rows, commit))
     complete = all(r["failed"] == r["errors"] == r["not_run"] == 0 for r in rows)
     return 0 if complete and not failed_runs else 1
 

@@ -1,13 +1,15 @@
-"""What the kernel matrix has run, kept across runs: each test's outcome per kernel and per version of
-the code, so that a selection too long for one sitting can be run in several and still be read as one
-table (``bench/kernel_matrix.py --resume DIR``).
+"""What the kernel matrix has run, kept across runs: each test's outcome per kernel and per commit, so
+that a selection too long for one sitting can be run in several and still be read as one table
+(``bench/kernel_matrix.py --resume DIR``).
 
 A :class:`Record` is one test (its pytest node id) on one kernel: the outcome (passed, failed, skipped,
-error), its seconds (setup, call and teardown), when it ran, the commit, and the *code digest*: a hash of
-every tracked file that the tests run (:func:`counts_for_code`: everything but the docs, the top-level
-Markdown, ``mkdocs.yml`` and ``bench/``'s scripts). A record counts for the table only at the digest the
-checkout has now: a change to the code makes every earlier record history, a change to the docs does not.
-The digest is of the commit, so a checkout with uncommitted code changes is refused (:func:`code_digest`).
+error), its seconds (setup, call and teardown), when it ran and the commit it ran. A record counts for
+the table while nothing the selection runs has changed between its commit and the checkout's HEAD
+(:func:`valid_commits`): :func:`counts_for_code` says which files those are (everything but the docs, the
+top-level Markdown, ``mkdocs.yml``, ``bench/``'s scripts, this module, and test files outside the
+selection). A commit that changes the code makes every earlier record history; a commit to the docs, the
+matrix itself or another test file does not. A checkout whose code differs from its HEAD is refused
+(:func:`head`): its records would name code that no commit holds.
 
 Outcomes come from pytest's report log (``--report-log``, the pytest-reportlog plugin: one JSON object a
 test phase, flushed as it is written), so a run stopped midway keeps every test it finished; a test cut
@@ -15,7 +17,6 @@ off in the middle has no teardown report and is run again next time.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time
@@ -26,15 +27,19 @@ from netns_testbed.errors import EnvironmentProblem, SpecError
 
 OUTCOMES = ("passed", "failed", "skipped", "error")
 NOT_CODE_DIRS = ("docs/",)
-NOT_CODE_FILES = ("mkdocs.yml",)
+NOT_CODE_FILES = ("mkdocs.yml", "guest/ledger.py")     # this module: the matrix's bookkeeping, run on the host
 
 
-def counts_for_code(path: str) -> bool:
-    """Whether a tracked file is part of what the tests run (its change invalidates earlier records)."""
+def counts_for_code(path: str, selection: frozenset[str] = frozenset()) -> bool:
+    """Whether a tracked file is part of what the tests of ``selection`` (test files) run: a change to it
+    makes earlier records history. Other test files do not count; shared test code (conftest, helpers,
+    tests/data) does."""
     if path.startswith(NOT_CODE_DIRS) or path in NOT_CODE_FILES:
         return False
     if "/" not in path and path.endswith(".md"):
         return False
+    if path.startswith("tests/") and path.rsplit("/", 1)[-1].startswith("test_") and path.endswith(".py"):
+        return path in selection
     return not (path.startswith("bench/") and path.endswith(".py"))   # bench/data/ is read by tests
 
 
@@ -48,21 +53,34 @@ def _git(repo: Path, *args: str) -> str:
                                  "--resume records what a commit's code did, so run it in a clone") from e
 
 
-def code_digest(repo: Path) -> tuple[str, str]:
-    """``(digest, commit)`` of the checkout's HEAD. Refuses (SpecError) a checkout whose code differs from
-    its HEAD: its records would name code that no commit holds."""
+def head(repo: Path, selection: frozenset[str]) -> str:
+    """The checkout's HEAD commit. Refuses (SpecError) a checkout whose code (for ``selection``) differs
+    from it: its records would name code that no commit holds."""
     dirty = [line[3:] for line in _git(repo, "status", "--porcelain", "--untracked-files=no").splitlines()
-             if counts_for_code(line[3:].split(" -> ")[-1].strip('"'))]
+             if counts_for_code(line[3:].split(" -> ")[-1].strip('"'), selection)]
     if dirty:
         raise SpecError(f"uncommitted changes to {', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''}: "
                         "commit them (the records name the commit they ran) or run without --resume")
-    commit = _git(repo, "rev-parse", "HEAD").strip()
-    h = hashlib.sha256()
-    for line in _git(repo, "ls-tree", "-r", "--full-tree", "HEAD").splitlines():
-        meta, path = line.split("\t", 1)
-        if counts_for_code(path):
-            h.update(f"{meta}\t{path}\n".encode())
-    return h.hexdigest()[:16], commit
+    return _git(repo, "rev-parse", "HEAD").strip()
+
+
+def valid_commits(repo: Path, commits: set[str], selection: frozenset[str]) -> set[str]:
+    """Those of ``commits`` between which and HEAD no file the selection runs changed (a commit git does
+    not know, as after a rebase, is not valid)."""
+    out = set()
+    for c in commits:
+        try:
+            changed = _git(repo, "diff", "--name-only", "--no-renames", c, "HEAD", "--").splitlines()
+        except EnvironmentProblem:
+            continue
+        if not any(counts_for_code(p, selection) for p in changed):
+            out.add(c)
+    return out
+
+
+def test_files(node_ids: list[str]) -> frozenset[str]:
+    """The files of a list of pytest node ids."""
+    return frozenset(n.split("::", 1)[0] for n in node_ids)
 
 
 @dataclass(frozen=True)
@@ -71,16 +89,16 @@ class Record:
     test: str          # pytest node id
     outcome: str       # one of OUTCOMES
     seconds: float     # setup + call + teardown
-    digest: str
     commit: str
     run: str           # which guest run (kernel and start time)
     at: float          # when it was recorded (epoch seconds)
 
     @classmethod
     def from_json(cls, d: object) -> "Record":
-        if not isinstance(d, dict) or set(d) != {f for f in cls.__dataclass_fields__}:
+        if not isinstance(d, dict) or not set(cls.__dataclass_fields__) <= set(d):
             raise ValueError("not a record")
-        for f in ("kernel", "test", "outcome", "digest", "commit", "run"):
+        d = {f: d[f] for f in cls.__dataclass_fields__}     # fields it does not know (a digest, in the first records) passed over
+        for f in ("kernel", "test", "outcome", "commit", "run"):
             if not isinstance(d[f], str):
                 raise ValueError(f"{f} is not text")
         if d["outcome"] not in OUTCOMES or not all(isinstance(d[f], (int, float)) and not isinstance(d[f], bool)
@@ -94,7 +112,6 @@ class Run:
     """One guest run: what it was given and how it ended."""
     kernel: str
     run: str
-    digest: str
     commit: str
     tests: int         # how many it was given
     recorded: int      # how many it finished (records written)
@@ -169,8 +186,9 @@ class Ledger:
         if self.runs_path.exists():
             for line in self.runs_path.read_text(errors="replace").splitlines():
                 try:
-                    out.append(Run(**json.loads(line)))
-                except (ValueError, TypeError):
+                    d = json.loads(line)
+                    out.append(Run(**{f: d[f] for f in Run.__dataclass_fields__}))
+                except (ValueError, TypeError, KeyError):
                     continue
         return out
 
@@ -181,38 +199,42 @@ class Ledger:
         with open(self.runs_path, "a") as f:
             f.write(json.dumps(asdict(run)) + "\n")
 
-    def current(self, kernel: str, digest: str) -> dict[str, Record]:
-        """Each test's latest record on ``kernel`` at ``digest``."""
+    def valid(self, repo: Path, selection: frozenset[str]) -> set[str]:
+        """The commits of the records and runs whose code, for ``selection``, is HEAD's."""
+        return valid_commits(repo, {r.commit for r in self.records()} | {r.commit for r in self.runs()}, selection)
+
+    def current(self, kernel: str, valid: set[str]) -> dict[str, Record]:
+        """Each test's latest record on ``kernel`` from a commit of ``valid``."""
         out: dict[str, Record] = {}
         for r in self.records():
-            if r.kernel == kernel and r.digest == digest:
+            if r.kernel == kernel and r.commit in valid:
                 out[r.test] = r
         return out
 
-    def failed_then_passed(self, kernel: str, digest: str) -> list[str]:
-        """Tests whose latest record at ``digest`` passed after an earlier one there failed (the table
-        counts them as passed and names them: a pass that needed a second try)."""
+    def failed_then_passed(self, kernel: str, valid: set[str]) -> list[str]:
+        """Tests whose latest valid record passed after an earlier valid one failed (the table counts them
+        as passed and names them: a pass that needed a second try)."""
         seen_bad: set[str] = set()
         out: list[str] = []
         for r in self.records():
-            if r.kernel != kernel or r.digest != digest:
+            if r.kernel != kernel or r.commit not in valid:
                 continue
             if r.outcome in ("failed", "error"):
                 seen_bad.add(r.test)
             elif r.outcome == "passed" and r.test in seen_bad and r.test not in out:
                 out.append(r.test)
-        latest = self.current(kernel, digest)
+        latest = self.current(kernel, valid)
         return [t for t in out if latest[t].outcome == "passed"]
 
 
 def todo(selection: list[str], done: dict[str, Record]) -> list[str]:
-    """The tests of ``selection`` (node ids, in order) still to run: those with no record at this digest,
-    or whose latest one failed or erred."""
+    """The tests of ``selection`` (node ids, in order) still to run: those with no valid record, or whose
+    latest one failed or erred."""
     return [t for t in selection if t not in done or done[t].outcome in ("failed", "error")]
 
 
-def new_records(kernel: str, report_log: str, digest: str, commit: str, run: str, given: list[str]) -> list[Record]:
+def new_records(kernel: str, report_log: str, commit: str, run: str, given: list[str]) -> list[Record]:
     """Records for the tests of ``given`` that a guest run's report log shows finished."""
     now = time.time()
     got = outcomes(report_log)
-    return [Record(kernel, t, got[t][0], got[t][1], digest, commit, run, now) for t in given if t in got]
+    return [Record(kernel, t, got[t][0], got[t][1], commit, run, now) for t in given if t in got]

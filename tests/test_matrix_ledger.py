@@ -1,6 +1,6 @@
 """The kernel matrix's records (guest/ledger.py) and its --resume runs, with a stand-in guest runner: a
 selection run over several sittings is counted as one table, a stopped run keeps what it finished, and
-a change to the code (not to the docs) starts afresh."""
+a change to the code the selection runs (not to the docs or another test file) starts afresh."""
 from __future__ import annotations
 
 import importlib.util
@@ -87,13 +87,18 @@ def test_a_test_cut_off_before_its_teardown_is_not_finished(tmp_path):
     assert list(got) == ["test_sample.py::test_ok"]
 
 
-@pytest.mark.parametrize("path,code", [("agent/detector.py", True), ("tests/test_x.py", True), ("bench/data/x.csv", True),
-                                       ("netns_testbed/bpf/count.bpf.c", True), ("requirements.txt", True),
-                                       ("docs/guides/guest-kernels.md", False), ("README.md", False),
-                                       ("mkdocs.yml", False), ("bench/kernel_matrix.py", False),
-                                       ("agent/README.md", True)])
+SEL = frozenset({"tests/test_fabric.py"})
+
+
+@pytest.mark.parametrize("path,code", [("agent/detector.py", True), ("tests/test_fabric.py", True),
+                                       ("tests/test_docs.py", False), ("tests/conftest.py", True),
+                                       ("tests/traffic.py", True), ("tests/data/pulse-traces/a.json", True),
+                                       ("bench/data/x.csv", True), ("netns_testbed/bpf/count.bpf.c", True),
+                                       ("requirements.txt", True), ("docs/guides/guest-kernels.md", False),
+                                       ("README.md", False), ("mkdocs.yml", False), ("bench/kernel_matrix.py", False),
+                                       ("guest/ledger.py", False), ("guest/vm.py", True), ("agent/README.md", True)])
 def test_what_counts_as_code(path, code):
-    assert ledger.counts_for_code(path) is code
+    assert ledger.counts_for_code(path, SEL) is code
 
 
 def git(repo: Path, *args: str) -> str:
@@ -103,51 +108,58 @@ def git(repo: Path, *args: str) -> str:
 
 def a_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
-    (repo / "docs").mkdir(parents=True)
-    (repo / "agent").mkdir()
+    for d in ("docs", "agent", "tests"):
+        (repo / d).mkdir(parents=True, exist_ok=True)
     (repo / "agent" / "x.py").write_text("A = 1\n")
     (repo / "docs" / "x.md").write_text("doc\n")
+    (repo / "tests" / "test_fabric.py").write_text("")
+    (repo / "tests" / "test_docs.py").write_text("")
     git(repo, "init", "-q")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "one")
     return repo
 
 
-def test_the_digest_follows_the_code_not_the_docs_and_uncommitted_code_is_refused(tmp_path):
+def test_a_record_holds_until_the_code_its_selection_runs_changes(tmp_path):
     repo = a_repo(tmp_path)
-    d1, c1 = ledger.code_digest(repo)
+    c1 = ledger.head(repo, SEL)
     (repo / "docs" / "x.md").write_text("doc, edited\n")
-    assert ledger.code_digest(repo)[0] == d1                 # uncommitted docs: allowed, same digest
-    git(repo, "commit", "-qam", "docs")
-    d2, c2 = ledger.code_digest(repo)
-    assert (d2, c2 != c1) == (d1, True)                       # a docs commit keeps the records
+    (repo / "tests" / "test_docs.py").write_text("X = 1\n")
+    assert ledger.head(repo, SEL) == c1                       # uncommitted docs, another test file: allowed
+    git(repo, "commit", "-qam", "docs and another test")
+    assert ledger.valid_commits(repo, {c1}, SEL) == {c1}      # still holds
+    assert ledger.valid_commits(repo, {c1}, SEL | {"tests/test_docs.py"}) == set()   # not for a selection with it
     (repo / "agent" / "x.py").write_text("A = 2\n")
     with pytest.raises(SpecError, match="uncommitted changes to agent/x.py"):
-        ledger.code_digest(repo)
+        ledger.head(repo, SEL)
     git(repo, "commit", "-qam", "code")
-    assert ledger.code_digest(repo)[0] != d1                 # a code commit starts afresh
+    c3 = ledger.head(repo, SEL)
+    assert ledger.valid_commits(repo, {c1, c3, "f" * 40}, SEL) == {c3}   # the code changed; a commit git lacks
 
 
-def rec(test: str, outcome: str, digest: str = "d1", run: str = "r1", kernel: str = "6.1.0-57-amd64") -> ledger.Record:
-    return ledger.Record(kernel, test, outcome, 1.0, digest, "c" * 40, run, time.time())
+def rec(test: str, outcome: str, commit: str = "c1", run: str = "r1", kernel: str = "6.1.0-57-amd64") -> ledger.Record:
+    return ledger.Record(kernel, test, outcome, 1.0, commit, run, time.time())
 
 
 def test_the_records_read_back_keep_the_latest_per_test_and_pass_over_what_is_not_a_record(tmp_path):
     book = ledger.Ledger(tmp_path / "m")
     book.add([rec("t::a", "passed"), rec("t::b", "failed"), rec("t::c", "skipped")],
-             ledger.Run("6.1.0-57-amd64", "r1", "d1", "c" * 40, 4, 3, 1, 10.0))
+             ledger.Run("6.1.0-57-amd64", "r1", "c1", 4, 3, 1, 10.0))
     with open(book.records_path, "a") as f:
         f.write('{"kernel": "6.1.0-57-amd64", "test": "t::d", "outcome": "passed"}\nnot json\n'
-                + json.dumps({**rec("t::e", "won", "d1").__dict__}) + "\n")
-    book.add([rec("t::b", "passed", run="r2"), rec("t::a", "failed", digest="d0")],
-             ledger.Run("6.1.0-57-amd64", "r2", "d1", "c" * 40, 1, 1, 0, 5.0))
-    cur = book.current("6.1.0-57-amd64", "d1")
-    assert {t: r.outcome for t, r in cur.items()} == {"t::a": "passed", "t::b": "passed", "t::c": "skipped"}
+                + json.dumps({**rec("t::e", "won").__dict__}) + "\n"
+                + json.dumps({**rec("t::f", "passed").__dict__, "digest": "ce8ab5a9e368f129"}) + "\n")
+    book.add([rec("t::b", "passed", run="r2"), rec("t::a", "failed", commit="c0")],
+             ledger.Run("6.1.0-57-amd64", "r2", "c1", 1, 1, 0, 5.0))
+    cur = book.current("6.1.0-57-amd64", {"c1"})
+    assert {t: r.outcome for t, r in cur.items()} == {"t::a": "passed", "t::b": "passed", "t::c": "skipped",
+                                                      "t::f": "passed"}   # the first records' digest: passed over
     assert book.unreadable == 3
-    assert book.failed_then_passed("6.1.0-57-amd64", "d1") == ["t::b"]
+    assert book.failed_then_passed("6.1.0-57-amd64", {"c1"}) == ["t::b"]
     assert ledger.todo(["t::a", "t::b", "t::c", "t::d"], cur) == ["t::d"]
-    assert ledger.todo(["t::a"], book.current("6.1.0-57-amd64", "d0")) == ["t::a"]      # failed there: again
-    assert book.current("6.12.107+deb12-amd64", "d1") == {}
+    assert ledger.todo(["t::a"], book.current("6.1.0-57-amd64", {"c0"})) == ["t::a"]      # failed there: again
+    assert book.current("6.1.0-57-amd64", {"c0", "c1"})["t::a"].outcome == "failed"      # the latest of both
+    assert book.current("6.12.107+deb12-amd64", {"c1"}) == {}
     assert [r.minutes for r in book.runs()] == [10.0, 5.0]
 
 
@@ -235,17 +247,17 @@ def test_a_selection_run_in_two_sittings_is_one_table(km, tmp_path, capsys):
     assert km.main(args) == 1                       # not complete: two tests not run
     out = capsys.readouterr().out
     assert "6.1.0-57-amd64" in out and calls(root) == [ids]
-    row = km.resumed_row("6.1.0-57-amd64", ids, ledger.Ledger(book), ledger.code_digest(root)[0])
+    row = km.resumed_row("6.1.0-57-amd64", ids, ledger.Ledger(book), {ledger.head(root, frozenset())})
     assert (row["passed"], row["skipped"], row["not_run"], row["runs"]) == (2, 1, 2, 1)
 
     (root / "outcomes.json").write_text(json.dumps({ids[4]: "failed"}))
     assert km.main(["--json", *args]) == 1          # the second sitting runs only the two left; one fails
     rows = json.loads(capsys.readouterr().out)
     assert calls(root)[1] == ids[3:]
-    assert rows[0] | {"commits": None, "digest": None} == {
+    assert rows[0] == {
         "kernel": "6.1.0-57-amd64", "hook": "tc clsact", "passed": 3, "failed": 1, "skipped": 1, "errors": 0,
-        "not_run": 0, "minutes": 7.5, "guest_minutes": rows[0]["guest_minutes"], "runs": 2, "commits": None,
-        "digest": None, "failed_tests": [ids[4]], "second_try": []}
+        "not_run": 0, "minutes": 7.5, "guest_minutes": rows[0]["guest_minutes"], "runs": 2,
+        "commits": [ledger.head(root, frozenset())[:10]], "failed_tests": [ids[4]], "second_try": []}
 
     (root / "outcomes.json").write_text("{}")
     assert km.main(args) == 0                       # the third runs the failed test alone, and it passes
@@ -256,19 +268,27 @@ def test_a_selection_run_in_two_sittings_is_one_table(km, tmp_path, capsys):
     assert km.main(["--dry-run", *args]) == 0 and len(calls(root)) == 3
 
 
-def test_a_code_change_starts_the_records_afresh_and_a_docs_change_does_not(km, tmp_path, capsys):
+def test_a_code_change_starts_the_records_afresh_and_a_docs_or_other_test_change_does_not(km, tmp_path, capsys):
     root, book = km.ROOT, tmp_path / "records"
     args = ["--kernel", "6.1.0-57-amd64", "--resume", str(book), "--", "tests/test_k.py"]
     assert km.main(args) == 0
     (root / "README.md").write_text("docs\n")
-    git(root, "add", "README.md")
-    git(root, "commit", "-qm", "docs")
-    assert km.main(args) == 0 and len(calls(root)) == 1
+    (root / "tests" / "test_other.py").write_text("def test_z():\n    pass\n")
+    git(root, "add", "README.md", "tests/test_other.py")
+    git(root, "commit", "-qm", "docs, another test file")
+    assert km.main(args) == 0 and len(calls(root)) == 1      # the records of the first commit hold
     (root / "tests" / "test_k.py").write_text(TESTS + "X = 1\n")
     assert km.main(args) == 2 and len(calls(root)) == 1       # uncommitted code: refused, nothing run
     assert "uncommitted changes to tests/test_k.py" in capsys.readouterr().err
     git(root, "commit", "-qam", "code")
     assert km.main(args) == 0 and len(calls(root)) == 2 and len(calls(root)[1]) == 5
+
+
+def test_the_runner_s_boot_line_is_cut_to_a_few_arguments(km):
+    line = "booting 6.1.0-57-amd64 (2 CPUs, 6144 MiB, emulated), pytest --timeout=900 -rfEs a b c d e f g\n"
+    assert km.brief(line) == ("booting 6.1.0-57-amd64 (2 CPUs, 6144 MiB, emulated), pytest --timeout=900 -rfEs a b c d"
+                              " ... (3 more arguments)\n")
+    assert km.brief("booting 6.1 (2 CPUs), pytest -rfEs a\n") == "booting 6.1 (2 CPUs), pytest -rfEs a\n"
 
 
 @pytest.mark.parametrize("args,code,said", [
@@ -320,5 +340,5 @@ def test_without_root_it_says_so_and_runs_nothing_but_a_dry_run_reads_the_record
     assert km.main(args) == 3
     assert "run with sudo" in capsys.readouterr().err and calls(km.ROOT) == []
     assert km.main(["--dry-run", *args]) == 1            # five tests not run yet: not complete
-    assert "6.1.0-57-amd64: 5 of 5 tests left to run at this code" in capsys.readouterr().err
+    assert "6.1.0-57-amd64: 5 of 5 tests left to run for this code" in capsys.readouterr().err
     assert calls(km.ROOT) == [] and not (tmp_path / "records").exists()
