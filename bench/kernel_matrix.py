@@ -168,7 +168,8 @@ def collect(selection: list[str]) -> list[str]:
     py = ROOT / ".venv" / "bin" / "python"
     out = subprocess.run([str(py if py.exists() else sys.executable), "-m", "pytest", "--collect-only", "-q",
                           "-p", "no:cacheprovider", *selection], cwd=ROOT, capture_output=True, text=True)
-    ids = [line for line in out.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    head = out.stdout.split("\n\n", 1)[0]      # the ids, then a blank line, warnings and the count
+    ids = [line for line in head.splitlines() if "::" in line and not line.startswith(" ")]
     if out.returncode != 0 or not ids:
         said = [l for l in (out.stdout + out.stderr).splitlines() if l.strip()]
         raise SpecError(f"pytest found no tests in {' '.join(selection)} ({said[-1] if said else 'no output'}): "
