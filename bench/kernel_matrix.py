@@ -13,6 +13,7 @@ comes on stderr: how far pytest got every five minutes, and a failing test at on
   sudo .venv/bin/python bench/kernel_matrix.py --keep /tmp/matrix-logs      # each guest's logs, failures named
   sudo .venv/bin/python bench/kernel_matrix.py --resume ~/matrix --timeout-min 90   # as far as 90 min a kernel goes
   sudo .venv/bin/python bench/kernel_matrix.py --resume ~/matrix --dry-run          # what is left, the table so far
+  sudo .venv/bin/python bench/kernel_matrix.py --probe --keep /tmp/m -- tests/test_site_agent.py   # what ran beside
 
 With ``--resume DIR`` the selection can be run over several sittings: each test's outcome on each kernel is
 recorded in DIR (guest/ledger.py: per test, with the commit it ran) as the guest finishes it, and the next
@@ -83,6 +84,9 @@ def failures(pytest_log: str) -> list[str]:
     """The tests pytest's short summary names as failed or in error (-rfE)."""
     return [line.split(" - ")[0].split(" ", 1)[1] for line in pytest_log.splitlines()
             if line.startswith(("FAILED ", "ERROR "))]
+
+
+PROBE = ["-p", "bench.guest_probe"]      # --probe: after each test, what it left running and what used the CPU
 
 
 def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None, mem_mib: int = GUEST_MEM_MIB) -> dict:
@@ -178,14 +182,14 @@ def collect(selection: list[str]) -> list[str]:
 
 
 def run_resumed(version: str, ids: list[str], timeout_s: int, book: ledger.Ledger, valid: set[str], commit: str,
-                mem_mib: int = GUEST_MEM_MIB) -> ledger.Run:
+                mem_mib: int = GUEST_MEM_MIB, extra: list[str] | None = None) -> ledger.Run:
     """Run on ``version`` the tests of ``ids`` that the records in ``book`` from the ``valid`` commits do not
     have yet, and record each one the guest finishes, also when this run is stopped or runs out of time."""
     left = ledger.todo(ids, book.current(version, valid))
     run_id = f"{version}@{time.strftime('%Y%m%dT%H%M%S')}"
     kept = book.dir / version / run_id.split("@")[1]
     argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
-            "--mem", str(mem_mib), "--keep", str(kept), "--", "--timeout=900", "-rfEs", *left]
+            "--mem", str(mem_mib), "--keep", str(kept), "--", "--timeout=900", "-rfEs", *(extra or []), *left]
     print(f"kernel_matrix: {version}: {len(left)} of {len(ids)} tests to run (the records in {book.dir} have the rest "
           f"for this code)", file=sys.stderr, flush=True)
     t0, rc = time.monotonic(), None
@@ -251,7 +255,7 @@ def resume(args: argparse.Namespace, kernels: list[str]) -> int:
             print(f"kernel_matrix: {k}: {len(ledger.todo(ids, book.current(k, valid)))} of {len(ids)} tests "
                   "left to run for this code", file=sys.stderr)
         elif ledger.todo(ids, book.current(k, valid)):
-            done = run_resumed(k, ids, args.timeout_min * 60, book, valid, commit, args.mem)
+            done = run_resumed(k, ids, args.timeout_min * 60, book, valid, commit, args.mem, PROBE if args.probe else [])
             failed_runs += done.rc not in (0, 1)       # 1: a test failed, which the row says
     rows = [resumed_row(k, ids, book, valid) for k in kernels]
     print(json.dumps(rows, indent=2) if args.json else resumed_table(rows, commit))
@@ -269,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", type=Path, metavar="DIR",
                     help="record each test's outcome in DIR and run only what DIR has no record of at this code")
     ap.add_argument("--dry-run", action="store_true", help="with --resume: say what is left and print the table so far")
+    ap.add_argument("--probe", action="store_true", help="after each test, say in pytest's log what it left running "
+                    "and what used the CPU (bench/guest_probe.py)")
     ap.add_argument("--mem", type=int, default=GUEST_MEM_MIB,
                     help=f"guest memory in MiB (default {GUEST_MEM_MIB}: 8 DDP ranks)")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
@@ -287,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:          # one line; 2 bad input, 3 the environment
         print(f"kernel_matrix: {e}", file=sys.stderr)
         return int(e.code)
-    rows = [run(k, args.tests or SELECTION, args.timeout_min * 60, args.keep, args.mem) for k in kernels]
+    extra = PROBE if args.probe else []
+    rows = [run(k, [*extra, *(args.tests or SELECTION)], args.timeout_min * 60, args.keep, args.mem) for k in kernels]
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 

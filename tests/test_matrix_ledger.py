@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -342,3 +343,32 @@ def test_without_root_it_says_so_and_runs_nothing_but_a_dry_run_reads_the_record
     assert km.main(["--dry-run", *args]) == 1            # five tests not run yet: not complete
     assert "6.1.0-57-amd64: 5 of 5 tests left to run for this code" in capsys.readouterr().err
     assert calls(km.ROOT) == [] and not (tmp_path / "records").exists()
+
+
+def test_the_probe_names_what_a_test_left_running_and_nothing_for_a_clean_one(tmp_path):
+    """bench/guest_probe.py (the matrix's --probe): a test that leaves a process and a thread behind is
+    named with both; the clean test after it is named with neither."""
+    (tmp_path / "test_leaky.py").write_text(
+        "import subprocess, sys, threading, time\n"
+        "def test_leaks():\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)  # the-leaked-one'])\n"
+        "    threading.Thread(target=time.sleep, args=(5,), name='a-sleeper', daemon=True).start()\n"
+        "def test_clean():\n"
+        "    pass\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.guest_probe",
+                          str(tmp_path / "test_leaky.py")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = {m.group(1): l for l in out.stdout.splitlines() if (m := re.match(r"probe: \S+::(\w+): ", l))}
+    assert set(lines) == {"test_leaks", "test_clean"}, out.stdout
+    assert "left running: " in lines["test_leaks"] and "the-leaked-one" in lines["test_leaks"], lines
+    assert "threads left: a-sleeper" in lines["test_leaks"], lines
+    assert "left running" not in lines["test_clean"] and "threads left" not in lines["test_clean"], lines
+    assert "most cpu: " in lines["test_clean"] and re.search(r"load [0-9.]+, \d+ MiB available, pace [0-9.]+$",
+                                                              lines["test_clean"]), lines
+    assert out.returncode == 0 and any(l.strip() == "." for l in out.stdout.splitlines()), out.stdout
+
+
+def test_the_matrix_s_probe_reaches_the_guest_s_pytest(km, tmp_path):
+    args = ["--kernel", "6.1.0-57-amd64", "--resume", str(tmp_path / "records"), "--probe", "--", "tests/test_k.py"]
+    (km.ROOT / "outcomes.json").write_text("{}")
+    km.main(args)
+    assert calls(km.ROOT)[0][:1] == ["bench.guest_probe"]      # the stand-in takes "-p"'s value for an id
