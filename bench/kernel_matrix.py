@@ -115,12 +115,13 @@ def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = 
 
 
 def brief(line: str, most: int = 6) -> str:
-    """The runner's boot line with its pytest arguments cut to ``most`` (--resume gives it every node id)."""
+    """The runner's boot line with its pytest arguments cut to ``most`` words (--resume gives it every node id,
+    and a node id may hold spaces: the line counts the words left out)."""
     head, sep, rest = line.partition(", pytest ")
     words = rest.split()
     if not sep or len(words) <= most:
         return line
-    return f"{head}{sep}{' '.join(words[:most])} ... ({len(words) - most} more arguments)\n"
+    return f"{head}{sep}{' '.join(words[:most])} ... ({len(words) - most} more words)\n"
 
 
 def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:

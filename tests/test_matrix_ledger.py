@@ -288,7 +288,7 @@ def test_a_code_change_starts_the_records_afresh_and_a_docs_or_other_test_change
 def test_the_runner_s_boot_line_is_cut_to_a_few_arguments(km):
     line = "booting 6.1.0-57-amd64 (2 CPUs, 6144 MiB, emulated), pytest --timeout=900 -rfEs a b c d e f g\n"
     assert km.brief(line) == ("booting 6.1.0-57-amd64 (2 CPUs, 6144 MiB, emulated), pytest --timeout=900 -rfEs a b c d"
-                              " ... (3 more arguments)\n")
+                              " ... (3 more words)\n")
     assert km.brief("booting 6.1 (2 CPUs), pytest -rfEs a\n") == "booting 6.1 (2 CPUs), pytest -rfEs a\n"
 
 
