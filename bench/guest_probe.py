@@ -89,6 +89,7 @@ class Probe:
         if tr is not None:        # on a line of its own: the progress dots before it stay a line of dots
             tr.write("\n")
             tr.write_line(f"probe: {nodeid}: " + " | ".join(parts))
+            tr.flush()            # pytest's output is a file in the guest: a guest killed later keeps the line
 
 
 def pytest_configure(config: pytest.Config) -> None:
