@@ -18,6 +18,7 @@ off in the middle has no teardown report and is run again next time.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from netns_testbed.errors import EnvironmentProblem, SpecError
 
 OUTCOMES = ("passed", "failed", "skipped", "error")
+COMMIT = re.compile(r"[0-9a-f]{7,40}")    # what a record may name: never an option for git
 NOT_CODE_DIRS = ("docs/",)
 NOT_CODE_FILES = ("mkdocs.yml", "guest/ledger.py")     # this module: the matrix's bookkeeping, run on the host
 
@@ -69,6 +71,8 @@ def valid_commits(repo: Path, commits: set[str], selection: frozenset[str]) -> s
     not know, as after a rebase, is not valid)."""
     out = set()
     for c in commits:
+        if not COMMIT.fullmatch(c):
+            continue
         try:
             changed = _git(repo, "diff", "--name-only", "--no-renames", c, "HEAD", "--").splitlines()
         except EnvironmentProblem:
@@ -97,13 +101,10 @@ class Record:
     def from_json(cls, d: object) -> "Record":
         if not isinstance(d, dict) or not set(cls.__dataclass_fields__) <= set(d):
             raise ValueError("not a record")
-        d = {f: d[f] for f in cls.__dataclass_fields__}     # fields it does not know (a digest, in the first records) passed over
-        for f in ("kernel", "test", "outcome", "commit", "run"):
-            if not isinstance(d[f], str):
-                raise ValueError(f"{f} is not text")
-        if d["outcome"] not in OUTCOMES or not all(isinstance(d[f], (int, float)) and not isinstance(d[f], bool)
-                                                  for f in ("seconds", "at")):
-            raise ValueError("bad outcome or time")
+        d = {f: d[f] for f in cls.__dataclass_fields__}     # fields it does not know (the first records' digest)
+        _check(d, ("kernel", "test", "outcome", "commit", "run"), ("seconds", "at"))
+        if d["outcome"] not in OUTCOMES:
+            raise ValueError("bad outcome")
         return cls(**d)
 
 
@@ -117,6 +118,28 @@ class Run:
     recorded: int      # how many it finished (records written)
     rc: int | None
     minutes: float     # set-up, boot and pytest
+
+    @classmethod
+    def from_json(cls, d: object) -> "Run":
+        if not isinstance(d, dict) or not set(cls.__dataclass_fields__) <= set(d):
+            raise ValueError("not a run")
+        d = {f: d[f] for f in cls.__dataclass_fields__}
+        _check(d, ("kernel", "run", "commit"), ("tests", "recorded", "minutes"))
+        if d["rc"] is not None and (not isinstance(d["rc"], int) or isinstance(d["rc"], bool)):
+            raise ValueError("bad rc")
+        return cls(**d)
+
+
+def _check(d: dict, texts: tuple[str, ...], numbers: tuple[str, ...]) -> None:
+    """A record's or run's fields: text where text belongs, finite numbers where numbers do, a commit that
+    is hex (it reaches git's command line)."""
+    if not all(isinstance(d[f], str) for f in texts):
+        raise ValueError("a field is not text")
+    if not all(isinstance(d[f], (int, float)) and not isinstance(d[f], bool) and d[f] == d[f]
+               and abs(d[f]) != float("inf") for f in numbers):
+        raise ValueError("a field is not a number")
+    if not COMMIT.fullmatch(d["commit"]):
+        raise ValueError("the commit is not a commit id")
 
 
 def outcomes(report_log: str) -> dict[str, tuple[str, float]]:
@@ -186,9 +209,8 @@ class Ledger:
         if self.runs_path.exists():
             for line in self.runs_path.read_text(errors="replace").splitlines():
                 try:
-                    d = json.loads(line)
-                    out.append(Run(**{f: d[f] for f in Run.__dataclass_fields__}))
-                except (ValueError, TypeError, KeyError):
+                    out.append(Run.from_json(json.loads(line)))
+                except (ValueError, TypeError):
                     continue
         return out
 

@@ -138,30 +138,49 @@ def test_a_record_holds_until_the_code_its_selection_runs_changes(tmp_path):
     assert ledger.valid_commits(repo, {c1, c3, "f" * 40}, SEL) == {c3}   # the code changed; a commit git lacks
 
 
-def rec(test: str, outcome: str, commit: str = "c1", run: str = "r1", kernel: str = "6.1.0-57-amd64") -> ledger.Record:
+def rec(test: str, outcome: str, commit: str = "c1c1c1c1", run: str = "r1", kernel: str = "6.1.0-57-amd64") -> ledger.Record:
     return ledger.Record(kernel, test, outcome, 1.0, commit, run, time.time())
 
 
 def test_the_records_read_back_keep_the_latest_per_test_and_pass_over_what_is_not_a_record(tmp_path):
     book = ledger.Ledger(tmp_path / "m")
     book.add([rec("t::a", "passed"), rec("t::b", "failed"), rec("t::c", "skipped")],
-             ledger.Run("6.1.0-57-amd64", "r1", "c1", 4, 3, 1, 10.0))
+             ledger.Run("6.1.0-57-amd64", "r1", "c1c1c1c1", 4, 3, 1, 10.0))
     with open(book.records_path, "a") as f:
         f.write('{"kernel": "6.1.0-57-amd64", "test": "t::d", "outcome": "passed"}\nnot json\n'
                 + json.dumps({**rec("t::e", "won").__dict__}) + "\n"
                 + json.dumps({**rec("t::f", "passed").__dict__, "digest": "ce8ab5a9e368f129"}) + "\n")
-    book.add([rec("t::b", "passed", run="r2"), rec("t::a", "failed", commit="c0")],
-             ledger.Run("6.1.0-57-amd64", "r2", "c1", 1, 1, 0, 5.0))
-    cur = book.current("6.1.0-57-amd64", {"c1"})
+    book.add([rec("t::b", "passed", run="r2"), rec("t::a", "failed", commit="c0c0c0c0")],
+             ledger.Run("6.1.0-57-amd64", "r2", "c1c1c1c1", 1, 1, 0, 5.0))
+    cur = book.current("6.1.0-57-amd64", {"c1c1c1c1"})
     assert {t: r.outcome for t, r in cur.items()} == {"t::a": "passed", "t::b": "passed", "t::c": "skipped",
                                                       "t::f": "passed"}   # the first records' digest: passed over
     assert book.unreadable == 3
-    assert book.failed_then_passed("6.1.0-57-amd64", {"c1"}) == ["t::b"]
+    assert book.failed_then_passed("6.1.0-57-amd64", {"c1c1c1c1"}) == ["t::b"]
     assert ledger.todo(["t::a", "t::b", "t::c", "t::d"], cur) == ["t::d"]
-    assert ledger.todo(["t::a"], book.current("6.1.0-57-amd64", {"c0"})) == ["t::a"]      # failed there: again
-    assert book.current("6.1.0-57-amd64", {"c0", "c1"})["t::a"].outcome == "failed"      # the latest of both
-    assert book.current("6.12.107+deb12-amd64", {"c1"}) == {}
+    assert ledger.todo(["t::a"], book.current("6.1.0-57-amd64", {"c0c0c0c0"})) == ["t::a"]      # failed there: again
+    assert book.current("6.1.0-57-amd64", {"c0c0c0c0", "c1c1c1c1"})["t::a"].outcome == "failed"      # the latest of both
+    assert book.current("6.12.107+deb12-amd64", {"c1c1c1c1"}) == {}
     assert [r.minutes for r in book.runs()] == [10.0, 5.0]
+
+
+def test_a_hostile_records_file_reaches_neither_git_nor_the_table(tmp_path):
+    """A records directory copied from elsewhere: a commit that is a git option, numbers that are not, are
+    lines passed over; a commit outside the records that is not an id is never given to git."""
+    repo = a_repo(tmp_path)
+    book = ledger.Ledger(tmp_path / "m")
+    book.dir.mkdir()
+    target = tmp_path / "written-by-git"
+    good = rec("t::a", "passed", commit=ledger.head(repo, SEL)).__dict__
+    book.records_path.write_text("\n".join(json.dumps(d) for d in [
+        good, {**good, "test": "t::b", "commit": f"--output={target}"}, {**good, "test": "t::c", "seconds": "1"},
+        {**good, "test": "t::d", "seconds": float("nan")}, {**good, "test": "t::e", "at": True}]) + "\n")
+    book.runs_path.write_text(json.dumps({"kernel": "k", "run": "r", "commit": "a" * 40, "tests": 1,
+                                          "recorded": 1, "rc": "0", "minutes": 1.0}) + "\n")
+    assert [r.test for r in book.records()] == ["t::a"] and book.unreadable == 4
+    assert book.runs() == []
+    assert ledger.valid_commits(repo, {f"--output={target}", good["commit"]}, SEL) == {good["commit"]}
+    assert not target.exists()
 
 
 def test_a_directory_that_cannot_hold_the_records_is_refused(tmp_path):
