@@ -89,15 +89,19 @@ def failures(pytest_log: str) -> list[str]:
 PROBE = ["-p", "bench.guest_probe"]      # --probe: after each test, what it left running and what used the CPU
 
 
+def runner_argv(version: str, timeout_s: int, mem_mib: int, kept: Path | None, pytest_args: list[str]) -> list[str]:
+    """The guest runner's command line: its own limit a minute inside ours, its logs kept in ``kept``."""
+    return [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
+            "--mem", str(mem_mib), *(["--keep", str(kept)] if kept else []), "--", "--timeout=900", "-rfEs",
+            *pytest_args]
+
+
 def run(version: str, selection: list[str], timeout_s: int, keep: Path | None = None, mem_mib: int = GUEST_MEM_MIB) -> dict:
     t0 = time.monotonic()
     kept = (keep / version) if keep is not None else None
     # The guest's own limit (guest-test.sh --timeout, 30 min unless told) is this run's: the whole selection
     # takes hours emulated, and a guest killed at 30 min reported nothing past that.
-    argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
-            "--mem", str(mem_mib),
-            *(["--keep", str(kept)] if kept else []),
-            "--", "--timeout=900", "-rfEs", *selection]
+    argv = runner_argv(version, timeout_s, mem_mib, kept, selection)
     print(f"kernel_matrix: {version}: {' '.join(selection)}", file=sys.stderr, flush=True)
     rc, text = guest(argv, timeout_s, f"kernel_matrix: {version}: ")
     summary = next((m.group(2) for line in text.splitlines() if (m := SUMMARY.match(line))), "")
@@ -189,8 +193,7 @@ def run_resumed(version: str, ids: list[str], timeout_s: int, book: ledger.Ledge
     left = ledger.todo(ids, book.current(version, valid))
     run_id = f"{version}@{time.strftime('%Y%m%dT%H%M%S')}"
     kept = book.dir / version / run_id.split("@")[1]
-    argv = [str(ROOT / "scripts" / "guest-test.sh"), "--kernel", version, "--timeout", str(max(30, timeout_s - 60)),
-            "--mem", str(mem_mib), "--keep", str(kept), "--", "--timeout=900", "-rfEs", *(extra or []), *left]
+    argv = runner_argv(version, timeout_s, mem_mib, kept, [*(extra or []), *left])
     print(f"kernel_matrix: {version}: {len(left)} of {len(ids)} tests to run (the records in {book.dir} have the rest "
           f"for this code)", file=sys.stderr, flush=True)
     t0, rc = time.monotonic(), None

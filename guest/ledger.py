@@ -182,6 +182,7 @@ class Ledger:
         self.records_path = directory / "records.jsonl"
         self.runs_path = directory / "runs.jsonl"
         self.unreadable = 0      # lines of records.jsonl that were not a record (said by the caller)
+        self._records: list[Record] | None = None     # read once, again after add()
 
     @staticmethod
     def check(directory: Path) -> None:
@@ -193,15 +194,17 @@ class Ledger:
                 raise SpecError(f"{directory / name} is not a file: give --resume a directory of the matrix's records")
 
     def records(self) -> list[Record]:
+        if self._records is not None:
+            return self._records
         out: list[Record] = []
         self.unreadable = 0
-        if not self.records_path.exists():
-            return out
-        for line in self.records_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(Record.from_json(json.loads(line)))
-            except (ValueError, TypeError):
-                self.unreadable += 1
+        if self.records_path.exists():
+            for line in self.records_path.read_text(errors="replace").splitlines():
+                try:
+                    out.append(Record.from_json(json.loads(line)))
+                except (ValueError, TypeError):
+                    self.unreadable += 1
+        self._records = out
         return out
 
     def runs(self) -> list[Run]:
@@ -215,6 +218,7 @@ class Ledger:
         return out
 
     def add(self, recs: list[Record], run: Run) -> None:
+        self._records = None
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.records_path, "a") as f:
             f.writelines(json.dumps(asdict(r)) + "\n" for r in recs)
