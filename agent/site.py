@@ -88,6 +88,7 @@ class Site:
     peer_ca_file: Path | None = None
     peer_user: str | None = None
     peer_password_file: Path | None = None
+    peer_timeout_s: float = 1.0        # a peer slower than this gives no verdict this time
     pinned: tuple[str, ...] = ()       # fields set on the command line: kept when the file is read again
 
     @property
@@ -119,7 +120,7 @@ class Site:
             except OSError as e:
                 raise SpecError(f"site file {self.path}: peer_password_file {self.peer_password_file}: cannot read "
                                 f"it ({e.strerror})") from None
-        return PeerAccess(dict(self.peers), self.peer_ca_file, self.peer_user, password)
+        return PeerAccess(dict(self.peers), self.peer_ca_file, self.peer_user, password, self.peer_timeout_s)
 
     def reload(self) -> Deployment:
         """SIGHUP: the file read again. What the detector takes (spray, weights, out of service, degraded)
@@ -266,7 +267,8 @@ def site_from_dict(path: Path, data: dict) -> Site:
                 spray=SprayMode.parse(data.get("spray", "rrdst")), weights=weights, out_of_service=oos,
                 degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir, verdict_key=verdict_key,
                 peers=peers, peer_ca_file=peer_files.get("peer_ca_file"), peer_user=data.get("peer_user"),
-                peer_password_file=peer_files.get("peer_password_file"))
+                peer_password_file=peer_files.get("peer_password_file"),
+                peer_timeout_s=float(data.get("peer_timeout_s", 1.0)))
 
 
 def _links(path: Path, fabric: Fabric, where: str, text: str) -> list[Link]:

@@ -10,6 +10,7 @@ lists where the peers are::
     peer_ca_file: /etc/flowpulse/tls/agents-ca.crt      # the CA that signed the peers' certificates
     peer_user: flowpulse                                # basic auth towards the peers (optional)
     peer_password_file: /etc/flowpulse/peer-password
+    peer_timeout_s: 1                                   # a peer slower than this gives no verdict this time
 
 and the incident tracker asks a peer when an incident needs its verdict (:class:`VerdictPeers`). What
 comes back is checked as a file is (``agent.incidents.check_verdict``: schema, owner, time, the fabric's
@@ -33,7 +34,7 @@ from agent.incidents import EvidenceSource, ExportedVerdicts
 from netns_testbed.untrusted import text_of
 
 log = logging.getLogger("flowpulse.agent.peers")
-FETCH_TIMEOUT_S = 1.0      # a peer slower than this gives no verdict this time
+FETCH_TIMEOUT_S = 1.0      # default: a peer slower than this gives no verdict this time (site file: peer_timeout_s)
 CACHE_S = 0.2              # one answer serves every question of one tracker tick
 RETRY_S = 5.0              # a peer that did not answer is asked again after this (the poll loop waits on asks)
 MAX_BYTES = 16 << 20
@@ -47,6 +48,7 @@ class PeerAccess:
     ca_file: Path | None = None
     user: str | None = None
     password: str | None = None
+    timeout_s: float = FETCH_TIMEOUT_S        # the poll loop waits up to this on an ask
     _ctx: ssl.SSLContext | None = field(default=None, repr=False)
 
     def context(self) -> ssl.SSLContext:
@@ -65,7 +67,7 @@ class PeerAccess:
             req.add_header("Authorization", f"Basic {token}")
         ctx = self.context() if url.startswith("https:") else None
         try:
-            with urllib.request.urlopen(req, timeout=FETCH_TIMEOUT_S, context=ctx) as r:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx) as r:
                 body = r.read(MAX_BYTES + 1)
         except urllib.error.HTTPError as e:
             if e.code == 404:

@@ -281,8 +281,10 @@ def test_site_agents_ask_their_peers_for_verdicts_over_https_and_share_no_files(
         if sw.startswith("leaf"):      # each spine's agent at its address on this leaf's own link to it
             data["peers"] = {p.peer: f"https://{fab.ports[p.peer][p.peer_index].address.ip}:{port}"
                              for p in fab.ports[sw] if p.peer.startswith("spine")}
+            # a peer's answer may take as long as the tests' other waits stretch: an emulated guest's agents,
+            # 15x slow and busy with eight ranks, took over the 1 s default to answer over TLS (6.1, stop 56)
             data.update(peer_ca_file=str(tls / "agent.crt"), peer_user=USER,
-                        peer_password_file=str(tls / "password"))
+                        peer_password_file=str(tls / "password"), peer_timeout_s=min(60.0, slowdown()))
         return data
 
     extra = ("--metrics-port", str(port), "--metrics-addr", "0.0.0.0", "--web-config", str(tls / "web.yml"))

@@ -4,8 +4,11 @@ who wrote it."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -17,7 +20,8 @@ from agent.incidents import VerdictFiles, verdict_document, write_verdicts
 from agent.metrics import serve
 from agent.site import load_site, site_of_testbed
 from agent.verdictauth import ensure_key
-from agent.verdictpeers import PeerAccess, VerdictPeers
+from agent.site import SCHEMA_PATH, Site
+from agent.verdictpeers import FETCH_TIMEOUT_S, PeerAccess, VerdictPeers
 from agent.webconfig import load_web_config
 from netns_testbed.errors import SpecError
 from netns_testbed.untrusted import REFUSED
@@ -103,6 +107,63 @@ def test_site_files_name_their_peers(tmp_path):
         data2 = {**data, **bad}
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data2))
         with pytest.raises(SpecError, match=word):
+            load_site(tmp_path / "bad.yaml")
+
+
+@pytest.fixture
+def slow_peer(spine1):
+    """spine1's verdict document served over plain HTTP by a peer that takes 0.6 s to answer."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    doc = spine1["agent"].verdict_doc.encode()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(0.6)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(doc)))
+            self.end_headers()
+            self.wfile.write(doc)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("timeout_s, answers", [(0.2, False), (3.0, True)])
+def test_a_slow_peer_answers_within_the_site_files_timeout_and_not_past_it(spine1, slow_peer, timeout_s, answers,
+                                                                           caplog):
+    """A peer slower than peer_timeout_s gives no verdict (logged once); a longer timeout waits for it (an
+    emulated guest's agents took over the 1 s default to answer over TLS under load)."""
+    src = VerdictPeers(PeerAccess({"spine1": slow_peer}, timeout_s=timeout_s), key=spine1["key"])
+    with caplog.at_level("WARNING"):
+        got = src.evidence("spine1", LINK, 0.0, 0.01)
+    said = [r.getMessage() for r in caplog.records if "no verdicts from spine1" in r.getMessage()]
+    if answers:
+        assert got is not None and 0.005 < got.rate < 0.02 and not said
+    else:
+        assert got is None and len(said) == 1 and "timed out" in said[0], said
+
+
+def test_site_files_set_the_peer_timeout_and_refuse_a_bad_one(tmp_path):
+    tb = SimpleNamespace(fabric=FABRIC, state=SimpleNamespace(gap_ms=50.0, spray="rrdst", weights={}),
+                         out_of_service=[])
+    data = {**site_of_testbed(tb, "leaf1"), "peers": {"spine1": "https://10.0.0.11:9580"}}
+    (tmp_path / "leaf1.yaml").write_text(yaml.safe_dump(data))
+    # one default, said three times: the schema (and so the docs), the site, the access
+    schema_default = json.loads(SCHEMA_PATH.read_text())["properties"]["peer_timeout_s"]["default"]
+    assert schema_default == Site.peer_timeout_s == FETCH_TIMEOUT_S == PeerAccess({}).timeout_s
+    assert load_site(tmp_path / "leaf1.yaml").peer_access().timeout_s == FETCH_TIMEOUT_S
+    (tmp_path / "leaf1.yaml").write_text(yaml.safe_dump({**data, "peer_timeout_s": 7.5}))
+    assert load_site(tmp_path / "leaf1.yaml").peer_access().timeout_s == 7.5
+    for bad in (0, -1, 61, "soon", True):
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**data, "peer_timeout_s": bad}))
+        with pytest.raises(SpecError, match="peer_timeout_s"):
             load_site(tmp_path / "bad.yaml")
 
 
