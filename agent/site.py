@@ -268,7 +268,7 @@ def site_from_dict(path: Path, data: dict) -> Site:
                 degraded=degraded, state_dir=state_dir, verdict_dir=verdict_dir, verdict_key=verdict_key,
                 peers=peers, peer_ca_file=peer_files.get("peer_ca_file"), peer_user=data.get("peer_user"),
                 peer_password_file=peer_files.get("peer_password_file"),
-                peer_timeout_s=float(data.get("peer_timeout_s", 1.0)))
+                peer_timeout_s=float(data.get("peer_timeout_s", Site.peer_timeout_s)))
 
 
 def _links(path: Path, fabric: Fabric, where: str, text: str) -> list[Link]:
