@@ -128,11 +128,27 @@ def brief(line: str, most: int = 6) -> str:
     return f"{head}{sep}{' '.join(words[:most])} ... ({len(words) - most} more words)\n"
 
 
-def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
+_starting = False            # a runner is being started: a stop now waits (see stop)
+_pending: int | None = None  # the exit status of a stop that waited
+
+
+def stop(signum: int, frame) -> None:
+    """SIGTERM and Ctrl-C: unwind (exit 128 + the signal) so that :func:`guest` stops its runner, which kills
+    its guest and keeps its logs. While a runner is being started the stop waits until :func:`guest` holds
+    it: raised inside ``Popen`` (the runner already running) or before the ``try`` that stops it, it left
+    the runner and its qemu running after the matrix had gone (tests/test_guest.py)."""
+    global _pending
+    if _starting:
+        _pending = 128 + signum
+    else:
+        sys.exit(128 + signum)
+
+
+def guest(argv: list[str], timeout_s: float, prefix: str, popen=subprocess.Popen) -> tuple[int, str]:
     """Run the guest runner; its progress lines (``guest: ...`` on stderr: boot, how far pytest got every few
     minutes, a failure at once) are passed on as they come, after ``prefix``. Returns its exit status (124
     when it ran past ``timeout_s``) and everything it printed."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    global _starting, _pending
     chunks: dict[str, list[str]] = {"out": [], "err": []}
 
     def pump(stream, name: str) -> None:
@@ -142,11 +158,21 @@ def guest(argv: list[str], timeout_s: float, prefix: str) -> tuple[int, str]:
                 sys.stderr.write(prefix + brief(line[len("guest: "):]))
                 sys.stderr.flush()
 
-    pumps = [threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
-             threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True)]
-    for t in pumps:
-        t.start()
+    _starting = True
     try:
+        proc = popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    except BaseException:
+        _starting = False
+        raise
+    try:
+        _starting = False            # from here a stop unwinds through the finally below
+        if _pending is not None:     # stopped while the runner was being started
+            code, _pending = _pending, None
+            sys.exit(code)
+        pumps = [threading.Thread(target=pump, args=(proc.stdout, "out"), daemon=True),
+                 threading.Thread(target=pump, args=(proc.stderr, "err"), daemon=True)]
+        for t in pumps:
+            t.start()
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.terminate()             # the runner kills its guest and keeps its logs so far (--keep)
@@ -283,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"guest memory in MiB (default {GUEST_MEM_MIB}: 8 DDP ranks)")
     ap.add_argument("tests", nargs="*", help="pytest selection (default: the kernel-facing root tests)")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # unwinds run(), which stops its guest
+    signal.signal(signal.SIGTERM, stop)      # unwinds run(), which stops its guest
+    signal.signal(signal.SIGINT, stop)
     try:
         kernels = [check_version(k) for k in (args.kernel or KERNELS)]
         if not 1 <= args.timeout_min <= 1440 or not 1024 <= args.mem <= 65536:

@@ -374,9 +374,10 @@ def test_a_stopped_matrix_stops_its_guest(tmp_path):
                           "--", "tests/test_x.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})     # the copy imports the project's modules
     try:
-        end = time.monotonic() + 20
-        while not (tmp_path / "runner").exists() and time.monotonic() < end:
+        end = time.monotonic() + 60
+        while not (tmp_path / "runner").exists() and m.poll() is None and time.monotonic() < end:
             time.sleep(0.05)
+        assert (tmp_path / "runner").exists(), (m.poll(), m.stderr.read() if m.poll() is not None else "still running")
         m.send_signal(signal.SIGTERM)
         assert m.wait(timeout=20) == 143
         end = time.monotonic() + 5
@@ -390,3 +391,40 @@ def test_a_stopped_matrix_stops_its_guest(tmp_path):
                 os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_stop_while_the_runner_starts_still_stops_it(tmp_path):
+    """A SIGTERM that comes while the runner is being started (here: at once after its fork, before the matrix
+    holds it) waits until the matrix does, then stops it: raised inside ``Popen`` it left the runner running."""
+    import importlib.util
+    import signal
+
+    spec = importlib.util.spec_from_file_location("kernel_matrix", REPO / "bench" / "kernel_matrix.py")
+    km = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(km)
+    runner = tmp_path / "runner.sh"
+    runner.write_text(f'#!/bin/sh\necho $$ > {tmp_path}/pid\ntrap "echo stopped > {tmp_path}/said; exit 143" TERM\n'
+                      f'echo started > {tmp_path}/said\nwhile :; do sleep 0.1; done\n')
+    runner.chmod(0o755)
+
+    def popen_then_stop(*args, **kw):
+        proc = subprocess.Popen(*args, **kw)
+        end = time.monotonic() + 30
+        while not (tmp_path / "said").exists() and time.monotonic() < end:
+            time.sleep(0.02)             # the runner has set its trap
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)                  # the handler runs here, inside the start
+        return proc
+
+    before = signal.signal(signal.SIGTERM, km.stop)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            km.guest([str(runner)], 60, "", popen=popen_then_stop)
+        assert stopped.value.code == 143
+        assert (tmp_path / "said").read_text() == "stopped\n"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        try:
+            os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+        except (ProcessLookupError, FileNotFoundError, ValueError):
+            pass
