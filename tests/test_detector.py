@@ -433,7 +433,8 @@ def leaf0_pulse(rng, t: int, to_host) -> PulseCounts:
 
 
 TAIL_RULES_OFF = {"HOST_REPAYS": False, "HOST_OWED_ALONE": False, "HOST_SHORT": math.inf,
-                  "HOST_SHORT_AFTER": 3}   # HOST_SHORT_AFTER: back to the three pulses of history it needed
+                  "HOST_SHORT_AFTER": 3,   # HOST_SHORT_AFTER: back to the three pulses of history it needed
+                  "HOST_LONG": False}
 
 
 def tail_rules_off(monkeypatch, rules) -> None:
@@ -511,7 +512,7 @@ def test_a_jobs_uneven_first_pulses_raise_no_host_alert():
 
 @pytest.mark.parametrize("off, case", [
     (("HOST_SHORT_AFTER", "HOST_OWED_ALONE"), "an iteration split in the first pulses"),
-    (("HOST_OWED_ALONE",), "a head alone in its pulse")])
+    (("HOST_OWED_ALONE", "HOST_LONG"), "a head alone in its pulse")])
 def test_without_the_job_start_rules_the_first_pulses_raise_a_host_alert(monkeypatch, off, case):
     tail_rules_off(monkeypatch, off)
     alerts = host_alerts(job_start_pulses(np.random.default_rng(0), HEADS[case]))
