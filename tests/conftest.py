@@ -165,6 +165,16 @@ def default_testbed():
     builder.down(prefix)
 
 
+def idle_ms(ms: int) -> int:
+    """A job's idle between iterations, its stand-in for compute, stretched by the machine's slowdown as
+    compute would be: an emulated guest runs a rank's Python and gloo many times slower, not its sleep.
+    Pulses are cut at the gap between iterations; in the Debian 6.1 guest (14.9x) the ranks' skew outlasted
+    a 150 ms idle in 26 of 29 iterations (the next began on one rank up to 0.25 s before the last ended
+    on another), the leaves' pulses held parts of two, and a 2% leaf-to-host loss was missed
+    (tests/data/recorded-runs/guest-6.1-host-loss-merged-pulses). 1x on real hardware."""
+    return round(ms * slowdown())
+
+
 def wait_iteration(progress: Path, i: int, timeout: float = 120) -> None:
     """Until rank 0 reports the end of iteration ``i`` (the idle gap before i + 1 begins)."""
     deadline = time.time() + timeout * slowdown()

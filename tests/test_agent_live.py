@@ -15,6 +15,7 @@ from analysis.spec import ExperimentSpec, parse_scheduled
 from netns_testbed.builder import list_testbeds
 from netns_testbed.ping import all_pairs
 from netns_testbed.topo import Fabric, FabricSpec
+from tests.conftest import idle_ms as stretch
 from tests.conftest import new_prefix, wait_iteration
 from workload.launcher import JobSpec
 
@@ -23,7 +24,7 @@ FABRIC = Fabric(FabricSpec())
 
 
 def experiment(tmp_path, faults=(), iterations=40, oos=(), size=2 << 20, idle_ms=150, workload="allreduce"):
-    spec = ExperimentSpec(job=JobSpec(workload, size=size, iterations=iterations, idle_ms=idle_ms), prefix=new_prefix(),
+    spec = ExperimentSpec(job=JobSpec(workload, size=size, iterations=iterations, idle_ms=stretch(idle_ms)), prefix=new_prefix(),
                           faults=[parse_scheduled(FABRIC, f) for f in faults], out_of_service=list(oos))
     rep = run_experiment(spec, tmp_path)
     assert spec.prefix not in list_testbeds()  # always torn down

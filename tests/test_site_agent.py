@@ -29,6 +29,7 @@ from netns_testbed.hooks import Hook
 from netns_testbed.nsutil import in_netns
 from netns_testbed.slowdown import slowdown
 from netns_testbed.topo import namespace
+from tests.conftest import idle_ms
 from workload.launcher import JobSpec, run_job
 
 pytestmark = pytest.mark.root
@@ -58,7 +59,7 @@ def job_with_fault(tb, out: Path, fault: str, iterations: int, size: int):
     job_dir.mkdir()
     sched = FaultScheduler(tb, [parse_scheduled(tb.fabric, fault)], job_dir / "progress.jsonl", lambda m: None)
     sched.start()
-    job = run_job(tb, JobSpec("allreduce", size=size, iterations=iterations, idle_ms=150), job_dir)
+    job = run_job(tb, JobSpec("allreduce", size=size, iterations=iterations, idle_ms=idle_ms(150)), job_dir)
     sched.stop.set()
     assert job.ok, job.failure
     assert sched.applied, "the fault never went on"
