@@ -106,7 +106,8 @@ HOST_OWED_ALONE = True   # ... also a shortfall in a pulse where one host alone 
 # Hosts are not judged in a pulse whose mean per active host is this far below one iteration's (HOST_REFERENCE
 # of the last HOST_HISTORY pulses'): an iteration a stall cut short, its peers look in surplus. A leaf-to-host loss
 # only adds packets at the leaf, so it never makes a pulse short. bench/host_tails.py on the shipped
-# recorded runs: none of 816 pulses of a 204-iteration allreduce, 0-13% of the runs' with faults and stalls.
+# recorded runs: none of 816 pulses of a 204-iteration allreduce, 0-13% of the runs' with faults and stalls
+# (11-14% of the emulated guest's).
 HOST_SHORT = 0.01
 HOST_HISTORY = 15
 # ... from the first pulse with a history: a job's first iterations are where stalls split them most
@@ -118,7 +119,7 @@ HOST_SHORT_AFTER = 1
 # raises it, and on a slow machine such pulses are common. Live (Debian 6.1 in the emulated guest,
 # leaf1->h3 at 2%): 6 of the 15 pulses after the onset held 1.4-2.5 iterations, the median rose from
 # 10,206 to 10,677 per host and every whole iteration after them (10,300) read short: the host test
-# was blind. Cut pulses lower it, but they are rarer (0-13% of a leaf's pulses in the recorded runs,
+# was blind. Cut pulses lower it, but they are rarer (0-14% of a leaf's pulses in the recorded runs,
 # bench/host_tails.py): the lower quartile is one iteration while fewer than 4 of 15 pulses are cut,
 # however many are merged. A single iteration's mean varies by about 1%, so the quartile is about
 # 0.3% below the median of whole iterations. A larger job moves it after 12 pulses, a smaller after 4.
@@ -128,9 +129,9 @@ HOST_REFERENCE = 0.25
 # head that came early, a tail that came late), and how much of it each host got is timing, not loss. A
 # lossy host link only adds packets to its own host; its peers still get one iteration. A job's first
 # pulses and a larger job's are like the pulse before from their second (one pulse unjudged, not the 12
-# the reference takes to move up). Live (Debian 6.1 in the emulated guest, a 2% drop on leaf1->h3; iterations 1.5-2 s
-# apart): after stalls cut three pulses mid-iteration, leaf2's and leaf3's next pulses held 1.07
-# iterations with one host 350 packets ahead of its peer, and again 1.04 in the pulse after: false 3%
+# the reference takes to move up). Live (Debian 6.1 in the emulated guest, a 2% drop on leaf1->h3,
+# iterations 1.5-2 s apart): after stalls cut three pulses mid-iteration, leaf2's and leaf3's next pulses
+# held 1.07 iterations with one host 350 packets ahead of its peer, and 1.04 in the pulse after: false 3%
 # alerts on leaf2->h5 and leaf3->h6 whose incidents named those healthy links.
 HOST_LONG = True
 EXPOSED_Z = 3.0       # a peer cell this far beyond its sd marks its source lossy in the pulse (HostCheck)
